@@ -1,0 +1,1 @@
+"""mooncake.tools: planning tools (KV-cache size calculator, hit-rate simulator, trace replay)."""
