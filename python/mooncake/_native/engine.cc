@@ -1,0 +1,214 @@
+// mooncake.engine bindings: TransferEngine (Mooncake's API; positional and keyword arguments),
+// TransferOpcode, TransferNotify, InnerTransferEngine. No logic here beyond argument conversion: the
+// behaviour lives in transfer_engine/compat.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "python/mooncake/_native/buffers.h"
+#include "transfer_engine/compat/compat_engine.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mooncake::python {
+namespace {
+
+using te::CompatEngine;
+using te::Notification;
+using te::OpCode;
+
+/// The Python-visible engine. Destruction unpublishes the segment over the network: it runs without the GIL,
+/// so a metadata server living in the same Python process can still answer.
+struct PyTransferEngine : CompatEngine {
+  ~PyTransferEngine() {
+#if PY_VERSION_HEX >= 0x030D0000
+    bool finalizing = Py_IsFinalizing();
+#else
+    bool finalizing = _Py_IsFinalizing();
+#endif
+    if (initialized() && !finalizing) {
+      nb::gil_scoped_release release;
+      Close();
+    }
+  }
+};
+
+/// Opaque handle to the C++ engine, for other native components (Store) to share one engine.
+struct InnerTransferEngine {
+  te::TransferEngine* engine = nullptr;
+};
+
+std::vector<uintptr_t> Addresses(const nb::sequence& objs, const std::vector<size_t>& lengths, bool writable) {
+  std::vector<uintptr_t> out;
+  size_t i = 0;
+  for (nb::handle h : objs) {
+    size_t len = i < lengths.size() ? lengths[i] : 0;
+    out.push_back(AddressOf(h, len, writable, "buffers"));
+    ++i;
+  }
+  return out;
+}
+
+std::optional<Notification> ToNotification(nb::handle notify) {
+  if (notify.is_none()) return std::nullopt;
+  return nb::cast<Notification>(notify);
+}
+
+}  // namespace
+
+void RegisterEngine(nb::module_& m) {
+  nb::enum_<OpCode>(m, "TransferOpcode")
+      .value("Read", OpCode::kRead)
+      .value("Write", OpCode::kWrite)
+      .export_values();
+
+  nb::class_<Notification>(m, "TransferNotify")
+      .def(nb::init<>())
+      .def("__init__", [](Notification* n, std::string name, std::string msg) {
+        new (n) Notification{std::move(name), std::move(msg)};
+      }, "name"_a, "msg"_a)
+      .def_rw("name", &Notification::name)
+      .def_rw("msg", &Notification::message)
+      .def("__repr__", [](const Notification& n) { return "TransferNotify(name=" + n.name + ", msg=" + n.message + ")"; });
+
+  nb::class_<InnerTransferEngine>(m, "InnerTransferEngine");
+
+  auto engine = nb::class_<PyTransferEngine>(m, "TransferEngine",
+      "Moves bytes between registered memory of processes and hosts (Mooncake's API). Methods return 0 on\n"
+      "success and a negative error code on failure; the reason is logged (MC_LOG_LEVEL).");
+  engine.attr("TransferOpcode") = m.attr("TransferOpcode");
+  const auto release = nb::call_guard<nb::gil_scoped_release>();
+  engine.def(nb::init<>())
+      .def("close", &CompatEngine::Close, release,
+           "Unpublishes this segment and stops the engine's threads; later calls fail cleanly.")
+      .def("initialize", &CompatEngine::Initialize, "local_hostname"_a, "metadata_server"_a, "protocol"_a = "tcp",
+           "device_name"_a = "", release)
+      .def("initialize_ext", &CompatEngine::InitializeExt, "local_hostname"_a, "metadata_server"_a, "protocol"_a,
+           "device_name"_a, "metadata_type"_a, release)
+      .def("get_rpc_port", &CompatEngine::GetRpcPort)
+      .def("get_local_segment_name", &CompatEngine::SegmentName,
+           "This engine's segment name (in P2PHANDSHAKE mode 'host:rpc_port').")
+      .def("allocate_managed_buffer", &CompatEngine::AllocateManagedBuffer, "length"_a, release)
+      .def("free_managed_buffer", &CompatEngine::FreeManagedBuffer, "buffer_addr"_a, "length"_a, release)
+      .def("register_memory", [](CompatEngine& e, nb::handle buffer, size_t capacity, const std::string& location) {
+             uintptr_t addr = AddressOf(buffer, capacity, false, "buffer_addr");
+             nb::gil_scoped_release r;
+             return e.RegisterMemory(addr, capacity, location);
+           }, "buffer_addr"_a, "capacity"_a, "location"_a = "*")
+      .def("unregister_memory", [](CompatEngine& e, nb::handle buffer) {
+             uintptr_t addr = AddressOf(buffer, 0, false, "buffer_addr");
+             nb::gil_scoped_release r;
+             return e.UnregisterMemory(addr);
+           }, "buffer_addr"_a)
+      .def("batch_register_memory", [](CompatEngine& e, nb::sequence buffers, std::vector<size_t> capacities,
+                                       const std::string& location) {
+             auto addrs = Addresses(buffers, capacities, false);
+             nb::gil_scoped_release r;
+             return e.BatchRegisterMemory(addrs, capacities, location);
+           }, "buffer_addresses"_a, "capacities"_a, "location"_a = "*")
+      .def("batch_unregister_memory", [](CompatEngine& e, nb::sequence buffers) {
+             auto addrs = Addresses(buffers, {}, false);
+             nb::gil_scoped_release r;
+             return e.BatchUnregisterMemory(addrs);
+           }, "buffer_addresses"_a);
+
+  auto sync = [](OpCode op) {
+    return [op](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer, size_t length,
+                const std::string& /*transport_hint*/) {
+      uintptr_t addr = AddressOf(buffer, length, op == OpCode::kRead, "buffer");
+      nb::gil_scoped_release r;
+      return e.TransferSync(target, addr, peer, length, op, std::nullopt);
+    };
+  };
+  engine.def("transfer_sync_write", sync(OpCode::kWrite), "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a,
+             "length"_a, "transport_hint"_a = "")
+      .def("transfer_sync_read", sync(OpCode::kRead), "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a,
+           "length"_a, "transport_hint"_a = "")
+      .def("transfer_sync", [](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer,
+                               size_t length, OpCode op, nb::handle notify, const std::string&) {
+             uintptr_t addr = AddressOf(buffer, length, op == OpCode::kRead, "buffer");
+             auto n = ToNotification(notify);
+             nb::gil_scoped_release r;
+             return e.TransferSync(target, addr, peer, length, op, n);
+           }, "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a, "length"_a, "opcode"_a,
+           "notify"_a = nb::none(), "transport_hint"_a = "");
+
+  auto batch_sync = [](OpCode op) {
+    return [op](CompatEngine& e, const std::string& target, nb::sequence buffers, std::vector<uint64_t> peers,
+                std::vector<size_t> lengths, const std::string&) {
+      auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
+      nb::gil_scoped_release r;
+      return e.BatchTransferSync(target, addrs, peers, lengths, op, std::nullopt);
+    };
+  };
+  engine.def("batch_transfer_sync_write", batch_sync(OpCode::kWrite), "target_hostname"_a, "buffers"_a,
+             "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
+      .def("batch_transfer_sync_read", batch_sync(OpCode::kRead), "target_hostname"_a, "buffers"_a,
+           "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
+      .def("batch_transfer_sync", [](CompatEngine& e, const std::string& target, nb::sequence buffers,
+                                     std::vector<uint64_t> peers, std::vector<size_t> lengths, OpCode op,
+                                     nb::handle notify, const std::string&) {
+             auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
+             auto n = ToNotification(notify);
+             nb::gil_scoped_release r;
+             return e.BatchTransferSync(target, addrs, peers, lengths, op, n);
+           }, "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a, "lengths"_a, "opcode"_a,
+           "notify"_a = nb::none(), "transport_hint"_a = "");
+
+  auto batch_async = [](OpCode op) {
+    return [op](CompatEngine& e, const std::string& target, nb::sequence buffers, std::vector<uint64_t> peers,
+                std::vector<size_t> lengths, const std::string&) {
+      auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
+      nb::gil_scoped_release r;
+      return e.BatchTransferAsync(target, addrs, peers, lengths, op);
+    };
+  };
+  engine.def("batch_transfer_async_write", batch_async(OpCode::kWrite), "target_hostname"_a, "buffers"_a,
+             "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
+      .def("batch_transfer_async_read", batch_async(OpCode::kRead), "target_hostname"_a, "buffers"_a,
+           "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
+      .def("batch_transfer_async", [](CompatEngine& e, const std::string& target, nb::sequence buffers,
+                                      std::vector<uint64_t> peers, std::vector<size_t> lengths, OpCode op,
+                                      const std::string&) {
+             auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
+             nb::gil_scoped_release r;
+             return e.BatchTransferAsync(target, addrs, peers, lengths, op);
+           }, "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a, "lengths"_a, "opcode"_a,
+           "transport_hint"_a = "")
+      .def("transfer_submit_write", [](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer,
+                                       size_t length, const std::string&) {
+             uintptr_t addr = AddressOf(buffer, length, false, "buffer");
+             nb::gil_scoped_release r;
+             return e.BatchTransferAsync(target, {addr}, {peer}, {length}, OpCode::kWrite);
+           }, "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a, "length"_a, "transport_hint"_a = "")
+      .def("get_batch_transfer_status", &CompatEngine::GetBatchTransferStatus, "batch_ids"_a, release)
+      .def("transfer_check_status", &CompatEngine::TransferCheckStatus, "batch_id"_a, release)
+      .def("get_first_buffer_address", &CompatEngine::GetFirstBufferAddress, "segment_name"_a, release)
+      .def("get_local_topology", [](CompatEngine& e, std::optional<std::string> device_name) {
+             return e.GetLocalTopology(device_name.value_or(""));
+           }, "device_name"_a = nb::none())
+      .def("get_notifies", &CompatEngine::GetNotifies)
+      .def("send_probe", &CompatEngine::SendProbe, "peer_server_name"_a, release)
+      .def("send_notify", &CompatEngine::SendNotify, "peer_server_name"_a, "notify"_a, release)
+      .def("get_stats", &CompatEngine::StatsJson,
+           "Per-peer transport counters as a JSON string (bytes, slices, errors, lanes, state).")
+      .def("write_bytes_to_buffer", [](CompatEngine&, uintptr_t dest, nb::bytes src, size_t length) {
+             if (length > src.size()) throw nb::value_error("length exceeds the bytes given");
+             memcpy(reinterpret_cast<void*>(dest), src.c_str(), length);
+             return 0;
+           }, "dest_address"_a, "src_bytes"_a, "length"_a)
+      .def("read_bytes_from_buffer", [](CompatEngine&, uintptr_t src, size_t length) {
+             return nb::bytes(reinterpret_cast<const char*>(src), length);
+           }, "source_address"_a, "length"_a)
+      .def("warmup_efa_segment", [](CompatEngine&, const std::string&) { return 0; }, "segment_name"_a)
+      .def("get_engine", [](CompatEngine& e) { return InnerTransferEngine{e.engine()}; })
+      .def("get_engine_ptr", [](CompatEngine& e) { return reinterpret_cast<uintptr_t>(e.engine()); });
+}
+
+}  // namespace mooncake::python

@@ -1,0 +1,86 @@
+"""Master configuration: every tunable with Mooncake's default (reference §2.10), validated in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mooncake.store.master.segments import ALLOCATION_STRATEGIES
+
+MAX_REPLICA_NUM = 64
+MAX_KEY_BYTES = 4096
+# gRPC options shared by the master and its clients: large batches must not hit the 4 MiB default.
+MAX_MESSAGE_BYTES = 256 << 20
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+@dataclasses.dataclass
+class MasterConfig:
+    # RPC
+    rpc_address: str = "0.0.0.0"
+    port: int = 50051
+    max_threads: int = 16
+    # Leases, pins, eviction
+    default_kv_lease_ttl_ms: int = 10_000
+    default_kv_soft_pin_ttl_ms: int = 30 * 60 * 1000
+    max_kv_soft_pin_ttl_ms: int = 24 * 3600 * 1000
+    allow_evict_soft_pinned_objects: bool = True
+    eviction_ratio: float = 0.05
+    eviction_high_watermark_ratio: float = 0.90
+    exist_grants_lease: bool = False  # Mooncake's ExistKey leases; off here (see objects.py, lease rules)
+    # Liveness and crashed writers
+    client_ttl_sec: float = 10.0
+    put_start_discard_timeout_sec: float = 30.0
+    put_start_release_timeout_sec: float = 600.0
+    # Allocation
+    allocation_strategy: str = "random"
+    memory_allocator: str = "offset"
+    # Copy/move tasks
+    max_total_finished_tasks: int = 10_000
+    max_total_pending_tasks: int = 10_000
+    max_total_processing_tasks: int = 10_000
+    pending_task_timeout_sec: float = 300.0
+    processing_task_timeout_sec: float = 300.0
+    # Admin / metrics HTTP, embedded metadata server
+    enable_metric_reporting: bool = True
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9003
+    enable_http_metadata_server: bool = False
+    http_metadata_server_host: str = "0.0.0.0"
+    http_metadata_server_port: int = 8080
+    cluster_id: str = "mooncake_cluster"
+    # Background monitor period (client expiry, put timeouts, watermark eviction)
+    monitor_interval_ms: int = 100
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first bad setting."""
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        for name in ("port", "metrics_port", "http_metadata_server_port"):
+            v = getattr(self, name)
+            check(0 <= v <= 65535, f"--{name} must be in [0, 65535], got {v}")
+        check(self.max_threads >= 1, f"--max_threads must be >= 1, got {self.max_threads}")
+        check(self.default_kv_lease_ttl_ms >= 0, f"--default_kv_lease_ttl must be >= 0, got {self.default_kv_lease_ttl_ms}")
+        check(self.default_kv_soft_pin_ttl_ms > 0, "--default_kv_soft_pin_ttl must be > 0")
+        check(self.max_kv_soft_pin_ttl_ms >= self.default_kv_soft_pin_ttl_ms,
+              "--max_kv_soft_pin_ttl must be >= --default_kv_soft_pin_ttl")
+        check(0.0 < self.eviction_ratio <= 1.0, f"--eviction_ratio must be in (0, 1], got {self.eviction_ratio}")
+        check(0.0 < self.eviction_high_watermark_ratio <= 1.0,
+              f"--eviction_high_watermark_ratio must be in (0, 1], got {self.eviction_high_watermark_ratio}")
+        check(self.client_ttl_sec > 0, f"--client_ttl must be > 0, got {self.client_ttl_sec}")
+        check(self.put_start_discard_timeout_sec > 0, "--put_start_discard_timeout_sec must be > 0")
+        check(self.put_start_release_timeout_sec >= self.put_start_discard_timeout_sec,
+              "--put_start_release_timeout_sec must be >= --put_start_discard_timeout_sec")
+        check(self.allocation_strategy in ALLOCATION_STRATEGIES,
+              f"--allocation_strategy must be one of {', '.join(ALLOCATION_STRATEGIES)}, got {self.allocation_strategy!r}")
+        check(self.memory_allocator == "offset",
+              f"--memory_allocator: only 'offset' is implemented, got {self.memory_allocator!r}")
+        for name in ("max_total_finished_tasks", "max_total_pending_tasks", "max_total_processing_tasks"):
+            check(getattr(self, name) >= 1, f"--{name} must be >= 1")
+        check(self.pending_task_timeout_sec > 0 and self.processing_task_timeout_sec > 0,
+              "task timeouts must be > 0")
+        check(self.monitor_interval_ms >= 1, "--monitor_interval_ms must be >= 1")

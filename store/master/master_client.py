@@ -1,0 +1,125 @@
+"""Thin synchronous client of the master's gRPC API, plus the liveness heartbeat a store client needs.
+
+``MasterClient.call("PutStart", key="k", size=4096, config=replicate_config(replica_num=2))`` builds the
+request message of that RPC (``client_id`` is filled in), sends it and returns the reply message; see
+store/proto/mooncake_master.proto for every RPC and field. Reply ``code`` fields carry store error codes;
+transport failures raise ``grpc.RpcError`` (the store client maps them to RPC_FAIL / RPC_TIMEOUT).
+
+Segments mounted through ``mount`` are remembered, so the heartbeat (``start_heartbeat``) can re-mount them
+when the master answers NEED_REMOUNT (it expired this client, or it restarted).
+
+Threading: a MasterClient may be shared by threads (gRPC channels are thread-safe); the heartbeat runs in
+its own daemon thread and stops with ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import grpc
+
+from mooncake.store.master.config import GRPC_OPTIONS
+from mooncake.store.proto import mooncake_master_pb2 as pb
+from mooncake.store.proto import mooncake_master_pb2_grpc as pb_grpc
+
+_log = logging.getLogger("mooncake.store.master.client")
+_SERVICE = pb.DESCRIPTOR.services_by_name["MasterService"]
+_REQUEST_TYPES = {m.name: getattr(pb, m.input_type.name) for m in _SERVICE.methods}
+
+
+def replicate_config(replica_num: int = 1, preferred_segments=(), with_soft_pin: bool = False,
+                     with_hard_pin: bool = False, soft_pin_ttl_ms: int = 0) -> pb.ReplicateConfig:
+    return pb.ReplicateConfig(replica_num=replica_num, preferred_segments=list(preferred_segments),
+                              with_soft_pin=with_soft_pin, with_hard_pin=with_hard_pin,
+                              soft_pin_ttl_ms=soft_pin_ttl_ms)
+
+
+def segment(seg_id: str, name: str, base: int, size: int, te_endpoint: str = "", protocol: str = "tcp"
+            ) -> pb.Segment:
+    return pb.Segment(id=seg_id, name=name, base=base, size=size, te_endpoint=te_endpoint or name,
+                      protocol=protocol)
+
+
+class MasterClient:
+    def __init__(self, address: str, client_id: str | None = None, timeout: float = 30.0) -> None:
+        self.address = address
+        self.client_id = client_id or uuid.uuid4().hex
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = pb_grpc.MasterServiceStub(self._channel)
+        self._segments: dict[str, pb.Segment] = {}
+        self._seg_lock = threading.Lock()
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        self.view_version = 0
+        self.remounts = 0
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+
+    def call(self, method: str, timeout: float | None = None, **fields):
+        """Sends RPC `method` with a request built from `fields` (client_id added when the request has one)."""
+        try:
+            req_type = _REQUEST_TYPES[method]
+        except KeyError:
+            raise ValueError(f"unknown master RPC {method!r}") from None
+        if "client_id" in req_type.DESCRIPTOR.fields_by_name and "client_id" not in fields:
+            fields["client_id"] = self.client_id
+        return getattr(self.stub, method)(req_type(**fields), timeout=timeout or self.timeout)
+
+    # -- segments with remount memory -------------------------------------------------------------------------
+    def mount(self, seg: pb.Segment) -> int:
+        code = self.call("MountSegment", segment=seg).code
+        if code == 0:
+            with self._seg_lock:
+                self._segments[seg.id] = seg
+        return code
+
+    def unmount(self, seg_id: str) -> int:
+        with self._seg_lock:
+            self._segments.pop(seg_id, None)
+        return self.call("UnmountSegment", segment_id=seg_id).code
+
+    def ping_once(self) -> pb.PingReply:
+        """One ping; on NEED_REMOUNT re-mounts the remembered segments (ReMountSegment)."""
+        reply = self.call("Ping", timeout=min(self.timeout, 5.0))
+        self.view_version = reply.view_version
+        if reply.client_status == pb.CLIENT_STATUS_NEED_REMOUNT:
+            with self._seg_lock:
+                segs = list(self._segments.values())
+            code = self.call("ReMountSegment", segments=segs).code
+            self.remounts += 1
+            _log.info("master asked client %s to remount: %d segment(s), code %d", self.client_id, len(segs), code)
+        return reply
+
+    def start_heartbeat(self, interval: float = 1.0) -> None:
+        if self._hb_thread is not None:
+            return
+        self._hb_stop.clear()
+        self._hb_thread = threading.Thread(target=self._heartbeat, args=(interval,), name="master-heartbeat",
+                                           daemon=True)
+        self._hb_thread.start()
+
+    def _heartbeat(self, interval: float) -> None:
+        while not self._hb_stop.wait(interval):
+            try:
+                self.ping_once()
+            except grpc.RpcError as e:  # the master is down or restarting: keep trying
+                _log.debug("ping failed: %s", e.code())
+
+    def close(self) -> None:
+        """Stops the heartbeat and closes the channel (segments stay mounted; unmount them first if needed)."""
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=5)
+            self._hb_thread = None
+        self._channel.close()
+
+    def __enter__(self) -> "MasterClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

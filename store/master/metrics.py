@@ -1,0 +1,91 @@
+"""Prometheus metrics of the master (``prometheus-client``), one private registry per master instance.
+
+Counters are updated by the service and the RPC layer; gauges (objects, bytes, segments, clients, leases,
+tasks) are read from the service's ``snapshot()`` at scrape time, so they cost nothing between scrapes.
+Names follow Mooncake's ``master_*`` style (``master_key_count``, ``master_allocated_bytes``, ...).
+
+Threading: prometheus-client metrics are thread-safe; ``count`` may be called with or without the master
+lock held. The state collector calls the snapshot function, which takes the master lock itself.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from mooncake.store.master.errors import code_name
+
+_LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-3, 12.8e-3, 25.6e-3, 51.2e-3,
+                    0.1, 0.2, 0.4, 0.8, 1.6)
+
+
+class MasterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("master_requests", "Store operations by kind; batch items count one by one",
+                                ["op"], registry=r)
+        self.failures = Counter("master_request_failures", "Operations answered with an error code",
+                                ["op", "code"], registry=r)
+        self.evicted_objects = Counter("master_evicted_objects", "Objects evicted", ["reason"], registry=r)
+        self.evicted_bytes = Counter("master_evicted_bytes", "Pool bytes freed by eviction", ["reason"], registry=r)
+        self.revoked_puts = Counter("master_revoked_puts", "Puts revoked (by the writer or automatically)",
+                                    ["reason"], registry=r)
+        self.leases_granted = Counter("master_leases_granted", "Read leases granted or extended", registry=r)
+        self.expired_clients = Counter("master_expired_clients", "Clients expired for missing pings", registry=r)
+        self.rpc_latency = Histogram("master_rpc_latency_seconds", "Server-side RPC handling time", ["method"],
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self._request_children: dict[str, object] = {}
+
+    def count(self, op: str, code: int = 0, n: int = 1) -> None:
+        child = self._request_children.get(op)
+        if child is None:
+            child = self._request_children[op] = self.requests.labels(op=op)
+        child.inc(n)
+        if code:
+            self.failures.labels(op=op, code=code_name(code)).inc(n)
+
+    def attach_state(self, snapshot: Callable[[], dict]) -> None:
+        """Exports the gauges of ``snapshot()`` (see MasterService.snapshot) at every scrape."""
+        self.registry.register(_StateCollector(snapshot))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    def __init__(self, snapshot: Callable[[], dict]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self):
+        return []  # keeps registration from calling collect()
+
+    def collect(self):
+        s = self._snapshot()
+        simple = (("master_key_count", "Committed objects", s["objects"]),
+                  ("master_processing_key_count", "Puts in progress", s["pending_puts"]),
+                  ("master_allocated_bytes", "Pool bytes allocated (all segments)", s["used_bytes"]),
+                  ("master_total_capacity_bytes", "Pool capacity (all segments)", s["capacity_bytes"]),
+                  ("master_held_bytes", "Bytes of discarded puts / leased old versions not yet reusable",
+                   s["held_bytes"]),
+                  ("master_active_clients", "Clients alive (pinging)", s["clients"]),
+                  ("master_mounted_segments", "Mounted segments", len(s["segments"])),
+                  ("master_active_leases", "Objects under a live read lease", s["leases"]),
+                  ("master_hard_pinned_objects", "Hard-pinned objects", s["hard_pinned"]),
+                  ("master_soft_pinned_objects", "Soft-pinned objects (pin may have expired)", s["soft_pinned"]))
+        for name, doc, value in simple:
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        used = GaugeMetricFamily("master_segment_used_bytes", "Bytes allocated per segment", labels=["segment", "id"])
+        cap = GaugeMetricFamily("master_segment_capacity_bytes", "Capacity per segment", labels=["segment", "id"])
+        for seg in s["segments"]:
+            used.add_metric([seg["name"], seg["id"]], seg["used_bytes"])
+            cap.add_metric([seg["name"], seg["id"]], seg["size"])
+        yield used
+        yield cap
+        tasks = GaugeMetricFamily("master_tasks", "Copy/move tasks by state", labels=["state"])
+        for state, n in s["tasks"].items():
+            tasks.add_metric([state], n)
+        yield tasks

@@ -1,0 +1,152 @@
+"""Object metadata: committed objects (in LRU order), puts in progress, leases, pins, held space.
+
+Memory layout (the master must hold tens of millions of keys): a committed object is one dict entry
+``key -> Replica`` (or ``key -> tuple[Replica, ...]`` for several replicas); its size is the replicas' size
+and every committed memory replica is COMPLETE, so nothing else is stored per object. Leases, soft pins,
+hard pins and replication tasks live in side tables that only hold the keys that have them. The ``objects``
+dict doubles as the LRU list: a read moves the key to the end (``touch``), eviction walks from the front.
+
+Lease rules (documented contract, see also service.py):
+  * ``GetReplicaList`` grants or extends a read lease: deadline = max(current, now + default_kv_lease_ttl).
+    The lease protects a reader's transfer: while it is live the object is not evicted, not removed without
+    ``force``, not cleared, and an overwrite (upsert) keeps the old buffers until the lease ends.
+  * ``ExistKey`` / ``BatchExistKey`` do not grant leases and do not touch the LRU order (unless the master
+    runs with ``--exist_grants_lease``): polling for existence can never make an object unevictable
+    (Mooncake#2187), nor keep it warm.
+  * ``PutEnd`` grants no lease. Soft pins are set by the put and never extended by reads.
+
+Threading: not thread-safe; the master calls everything under its lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from mooncake.store.master.segments import Replica
+
+
+class ReplicaStatus(enum.IntEnum):
+    """Mooncake's replica states; the values match store/proto (REPLICA_STATUS_*)."""
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class PutConfig:
+    """Per-object configuration (Mooncake's ReplicateConfig)."""
+    replica_num: int = 1
+    preferred_segments: tuple[str, ...] = ()
+    with_soft_pin: bool = False
+    with_hard_pin: bool = False
+    soft_pin_ttl_ms: int = 0  # 0: the master's --default_kv_soft_pin_ttl
+
+
+class PutKind(enum.IntEnum):
+    PUT = 0  # new key
+    UPSERT_IN_PLACE = 1  # overwrite in the old buffers (same size, not leased): object unreadable meanwhile
+    UPSERT_REALLOC = 2  # new buffers; the old version stays readable until the end
+
+
+class PendingPut:
+    """A put/upsert between Start and End/Revoke: its replicas are PROCESSING."""
+
+    __slots__ = ("client_id", "size", "replicas", "started", "config", "kind")
+
+    def __init__(self, client_id: str, size: int, replicas: list[Replica], started: float, config: PutConfig,
+                 kind: PutKind) -> None:
+        self.client_id = client_id
+        self.size = size
+        self.replicas = replicas
+        self.started = started
+        self.config = config
+        self.kind = kind
+
+
+class Held:
+    """Buffers that are no longer part of any object but cannot be reused yet.
+
+    ``writer`` set: a discarded put whose writer might still be writing (a zombie); released at
+    ``release_at`` (--put_start_release_timeout_sec), when that writer ends/revokes it, when the writer's
+    client expires, or first of all under memory pressure. ``writer`` empty: an overwritten or force-removed
+    version under a read lease; released when the lease ends (``release_at``), never early.
+    """
+
+    __slots__ = ("key", "replicas", "release_at", "writer")
+
+    def __init__(self, key: str, replicas: tuple[Replica, ...], release_at: float, writer: str = "") -> None:
+        self.key = key
+        self.replicas = replicas
+        self.release_at = release_at
+        self.writer = writer
+
+
+def replicas_of(value: Replica | tuple[Replica, ...]) -> tuple[Replica, ...]:
+    return (value,) if isinstance(value, Replica) else value
+
+
+def pack_replicas(replicas) -> Replica | tuple[Replica, ...]:
+    """The compact form stored in ``ObjectTable.objects`` (a bare Replica for one replica)."""
+    replicas = tuple(replicas)
+    return replicas[0] if len(replicas) == 1 else replicas
+
+
+class ObjectTable:
+    def __init__(self) -> None:
+        self.objects: dict[str, Replica | tuple[Replica, ...]] = {}  # committed; LRU order, oldest first
+        self.pending: dict[str, PendingPut] = {}
+        self.leases: dict[str, float] = {}  # key -> lease deadline (may hold expired entries until purge)
+        self.soft_pins: dict[str, float] = {}  # key -> soft pin deadline
+        self.hard_pins: set[str] = set()
+        self.busy: dict[str, object] = {}  # key -> copy/move in progress (replication.ReplicationOp)
+        self.held: list[Held] = []
+
+    def touch(self, key: str) -> None:
+        """Marks a committed object most recently used."""
+        self.objects[key] = self.objects.pop(key)
+
+    def grant_lease(self, key: str, now: float, ttl: float) -> float:
+        deadline = now + ttl
+        old = self.leases.get(key)
+        if old is not None and old > deadline:
+            return old
+        self.leases[key] = deadline
+        return deadline
+
+    def lease_deadline(self, key: str, now: float) -> float:
+        """The live lease deadline of `key`, or 0.0 when it holds none."""
+        d = self.leases.get(key)
+        return d if d is not None and d > now else 0.0
+
+    def commit(self, key: str, replicas, now: float, config: PutConfig, soft_pin_ttl: float) -> None:
+        """Makes `replicas` the readable version of `key` (most recently used) and applies the pins."""
+        self.objects.pop(key, None)
+        self.objects[key] = pack_replicas(replicas)
+        self.hard_pins.discard(key)
+        self.soft_pins.pop(key, None)
+        if config.with_hard_pin:
+            self.hard_pins.add(key)
+        if config.with_soft_pin:
+            self.soft_pins[key] = now + soft_pin_ttl
+
+    def drop(self, key: str) -> tuple[Replica, ...]:
+        """Forgets a committed object and its lease/pins; returns its replicas (the caller frees them)."""
+        value = self.objects.pop(key, None)
+        self.leases.pop(key, None)
+        self.soft_pins.pop(key, None)
+        self.hard_pins.discard(key)
+        return () if value is None else replicas_of(value)
+
+    def purge_expired(self, now: float) -> None:
+        """Drops expired lease and soft-pin entries (O(entries); the master runs it about once a second)."""
+        for table in (self.leases, self.soft_pins):
+            expired = [k for k, d in table.items() if d <= now]
+            for k in expired:
+                del table[k]
+
+    def live_lease_count(self, now: float) -> int:
+        return sum(1 for d in self.leases.values() if d > now)

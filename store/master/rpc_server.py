@@ -1,0 +1,366 @@
+"""gRPC front end of the master (store/proto/mooncake_master.proto) and the server process object.
+
+``MasterServicer`` only translates messages: every handler calls one MasterService method (which does all
+the locking) and builds the reply; per-item errors travel in reply ``code`` fields. An unexpected exception
+is logged and answered with gRPC status INTERNAL (the client sees RPC_FAIL); it never kills the server.
+
+``MasterServer`` owns the process-level pieces: the gRPC server (a thread pool of --max_threads), the
+service's monitor thread, the admin/metrics HTTP server and, if enabled, the embedded HTTP metadata server.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from concurrent import futures
+
+import grpc
+
+import mooncake
+from mooncake.store.master.admin_http import AdminHttpServer
+from mooncake.store.master.config import GRPC_OPTIONS, MAX_KEY_BYTES, MasterConfig
+from mooncake.store.master.errors import ErrorCode
+from mooncake.store.master.objects import PutConfig, ReplicaStatus
+from mooncake.store.master.segments import Replica
+from mooncake.store.master.service import MasterService, SegmentSpec
+from mooncake.store.master.tasks import Task
+from mooncake.store.proto import mooncake_master_pb2 as pb
+from mooncake.store.proto import mooncake_master_pb2_grpc as pb_grpc
+
+_log = logging.getLogger("mooncake.store.master.rpc")
+
+_COMPLETE = ReplicaStatus.COMPLETE
+_PROCESSING = ReplicaStatus.PROCESSING
+
+
+def _descriptor(r: Replica, status: int) -> pb.ReplicaDescriptor:
+    seg = r.segment
+    return pb.ReplicaDescriptor(segment_name=seg.name, segment_id=seg.id, transport_endpoint=seg.te_endpoint,
+                                address=seg.base + r.offset, size=r.size, status=status, protocol=seg.protocol)
+
+
+def _put_config(request) -> PutConfig:
+    if not request.HasField("config"):
+        return PutConfig()
+    c = request.config
+    return PutConfig(replica_num=c.replica_num, preferred_segments=tuple(c.preferred_segments),
+                     with_soft_pin=c.with_soft_pin, with_hard_pin=c.with_hard_pin, soft_pin_ttl_ms=c.soft_pin_ttl_ms)
+
+
+def _spec(s: pb.Segment) -> SegmentSpec:
+    return SegmentSpec(s.id, s.name, s.base, s.size, s.te_endpoint, s.protocol or "tcp")
+
+
+def _start_reply(result) -> pb.PutStartReply:
+    code, replicas = result
+    return pb.PutStartReply(code=code, replicas=[_descriptor(r, _PROCESSING) for r in replicas])
+
+
+def _get_reply(result) -> pb.GetReplicaListReply:
+    code, replicas, lease_ms = result
+    return pb.GetReplicaListReply(code=code, size=replicas[0].size if replicas else 0, lease_ttl_ms=lease_ms,
+                                  replicas=[_descriptor(r, _COMPLETE) for r in replicas])
+
+
+def _task_info(t: Task, now: float) -> pb.TaskInfo:
+    return pb.TaskInfo(task_id=t.id, type=int(t.type), status=int(t.status), key=t.key, source=t.source,
+                       targets=list(t.targets), assigned_client=t.client_id, message=t.message,
+                       age_sec=max(0.0, now - t.created))
+
+
+def _copy_reply(result) -> pb.CopyStartReply:
+    code, src, new = result
+    reply = pb.CopyStartReply(code=code, targets=[_descriptor(r, _PROCESSING) for r in new])
+    if src is not None:
+        reply.source.CopyFrom(_descriptor(src, _COMPLETE))
+    return reply
+
+
+def _rpc(method):
+    """Times the handler into master_rpc_latency_seconds{method} and turns exceptions into INTERNAL."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        t0 = time.perf_counter()
+        try:
+            return method(self, request, context)
+        except Exception as e:  # a bug: log it, answer INTERNAL, keep serving
+            _log.exception("%s failed", name)
+            context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
+        finally:
+            self._latency(name).observe(time.perf_counter() - t0)
+    return wrapper
+
+
+class MasterServicer(pb_grpc.MasterServiceServicer):
+    def __init__(self, service: MasterService) -> None:
+        self.svc = service
+        self._children: dict[str, object] = {}
+
+    def _latency(self, name: str):
+        child = self._children.get(name)
+        if child is None:
+            child = self._children[name] = self.svc.metrics.rpc_latency.labels(method=name)
+        return child
+
+    # -- segments / liveness ---------------------------------------------------------------------------------
+    @_rpc
+    def MountSegment(self, request, context):
+        return pb.StatusReply(code=self.svc.mount_segment(request.client_id, _spec(request.segment)))
+
+    @_rpc
+    def ReMountSegment(self, request, context):
+        specs = [_spec(s) for s in request.segments]
+        return pb.StatusReply(code=self.svc.remount_segments(request.client_id, specs))
+
+    @_rpc
+    def UnmountSegment(self, request, context):
+        return pb.StatusReply(code=self.svc.unmount_segment(request.client_id, request.segment_id))
+
+    @_rpc
+    def Ping(self, request, context):
+        code, alive = self.svc.ping(request.client_id)
+        status = pb.CLIENT_STATUS_OK if alive else pb.CLIENT_STATUS_NEED_REMOUNT
+        return pb.PingReply(code=code, view_version=self.svc.view_version, client_status=status)
+
+    @_rpc
+    def GetServiceInfo(self, request, context):
+        c = self.svc.config
+        return pb.ServiceInfoReply(code=0, version=mooncake.__version__, view_version=self.svc.view_version,
+                                   default_kv_lease_ttl_ms=c.default_kv_lease_ttl_ms,
+                                   client_ttl_sec=c.client_ttl_sec, cluster_id=c.cluster_id,
+                                   max_key_bytes=MAX_KEY_BYTES)
+
+    # -- writes ----------------------------------------------------------------------------------------------
+    @_rpc
+    def PutStart(self, request, context):
+        return _start_reply(self.svc.put_start(request.client_id, request.key, request.size, _put_config(request)))
+
+    @_rpc
+    def UpsertStart(self, request, context):
+        return _start_reply(self.svc.upsert_start(request.client_id, request.key, request.size,
+                                                  _put_config(request)))
+
+    @_rpc
+    def BatchPutStart(self, request, context):
+        results = self.svc.batch_put_start(request.client_id, list(request.keys), list(request.sizes),
+                                           _put_config(request))
+        return pb.BatchPutStartReply(results=[_start_reply(r) for r in results])
+
+    @_rpc
+    def BatchUpsertStart(self, request, context):
+        results = self.svc.batch_upsert_start(request.client_id, list(request.keys), list(request.sizes),
+                                              _put_config(request))
+        return pb.BatchPutStartReply(results=[_start_reply(r) for r in results])
+
+    @_rpc
+    def PutEnd(self, request, context):
+        return pb.StatusReply(code=self.svc.put_end(request.client_id, request.key))
+
+    UpsertEnd = PutEnd
+
+    @_rpc
+    def PutRevoke(self, request, context):
+        return pb.StatusReply(code=self.svc.put_revoke(request.client_id, request.key))
+
+    UpsertRevoke = PutRevoke
+
+    @_rpc
+    def BatchPutEnd(self, request, context):
+        return pb.BatchStatusReply(codes=self.svc.batch_put_end(request.client_id, list(request.keys)))
+
+    BatchUpsertEnd = BatchPutEnd
+
+    @_rpc
+    def BatchPutRevoke(self, request, context):
+        return pb.BatchStatusReply(codes=self.svc.batch_put_revoke(request.client_id, list(request.keys)))
+
+    BatchUpsertRevoke = BatchPutRevoke
+
+    # -- reads -----------------------------------------------------------------------------------------------
+    @_rpc
+    def ExistKey(self, request, context):
+        code, found = self.svc.exist(request.key)
+        return pb.ExistReply(code=code, exists=found)
+
+    @_rpc
+    def BatchExistKey(self, request, context):
+        return pb.BatchExistReply(results=[pb.ExistReply(code=c, exists=f)
+                                           for c, f in self.svc.batch_exist(list(request.keys))])
+
+    @_rpc
+    def GetReplicaList(self, request, context):
+        return _get_reply(self.svc.get_replica_list(request.key))
+
+    @_rpc
+    def BatchGetReplicaList(self, request, context):
+        return pb.BatchGetReplicaListReply(results=[_get_reply(r)
+                                                    for r in self.svc.batch_get_replica_list(list(request.keys))])
+
+    @_rpc
+    def GetReplicaListByRegex(self, request, context):
+        code, found = self.svc.get_replica_list_by_regex(request.pattern)
+        keys = list(found)
+        return pb.GetReplicaListByRegexReply(code=code, keys=keys,
+                                             results=[_get_reply((0, *found[k])) for k in keys])
+
+    # -- removal ---------------------------------------------------------------------------------------------
+    @_rpc
+    def Remove(self, request, context):
+        return pb.StatusReply(code=self.svc.remove(request.key, request.force))
+
+    @_rpc
+    def BatchRemove(self, request, context):
+        return pb.BatchStatusReply(codes=self.svc.batch_remove(list(request.keys), request.force))
+
+    @_rpc
+    def RemoveByRegex(self, request, context):
+        code, n = self.svc.remove_by_regex(request.pattern, request.force)
+        return pb.CountReply(code=code, count=n)
+
+    @_rpc
+    def RemoveAll(self, request, context):
+        code, n = self.svc.remove_all(request.force)
+        return pb.CountReply(code=code, count=n)
+
+    @_rpc
+    def BatchReplicaClear(self, request, context):
+        code, cleared = self.svc.batch_replica_clear(request.client_id, list(request.keys), request.segment_name)
+        return pb.BatchReplicaClearReply(code=code, cleared_keys=cleared)
+
+    # -- copy / move / tasks -----------------------------------------------------------------------------------
+    @_rpc
+    def CopyStart(self, request, context):
+        return _copy_reply(self.svc.copy_start(request.client_id, request.key, request.source, request.targets))
+
+    @_rpc
+    def MoveStart(self, request, context):
+        return _copy_reply(self.svc.move_start(request.client_id, request.key, request.source, request.target))
+
+    @_rpc
+    def CopyEnd(self, request, context):
+        return pb.StatusReply(code=self.svc.copy_end(request.client_id, request.key))
+
+    @_rpc
+    def CopyRevoke(self, request, context):
+        return pb.StatusReply(code=self.svc.copy_revoke(request.client_id, request.key))
+
+    @_rpc
+    def MoveEnd(self, request, context):
+        return pb.StatusReply(code=self.svc.move_end(request.client_id, request.key))
+
+    @_rpc
+    def MoveRevoke(self, request, context):
+        return pb.StatusReply(code=self.svc.move_revoke(request.client_id, request.key))
+
+    @_rpc
+    def CreateCopyTask(self, request, context):
+        code, task_id = self.svc.create_copy_task(request.key, request.targets)
+        return pb.TaskIdReply(code=code, task_id=task_id)
+
+    @_rpc
+    def CreateMoveTask(self, request, context):
+        code, task_id = self.svc.create_move_task(request.key, request.source, request.target)
+        return pb.TaskIdReply(code=code, task_id=task_id)
+
+    @_rpc
+    def QueryTask(self, request, context):
+        task = self.svc.query_task(request.task_id)
+        if task is None:
+            return pb.QueryTaskReply(code=ErrorCode.TASK_NOT_FOUND)
+        return pb.QueryTaskReply(code=0, task=_task_info(task, self.svc.now()))
+
+    @_rpc
+    def FetchTasks(self, request, context):
+        if not request.client_id:
+            return pb.FetchTasksReply(code=ErrorCode.INVALID_PARAMS)
+        tasks = self.svc.fetch_tasks(request.client_id, request.batch_size or 1)
+        now = self.svc.now()
+        return pb.FetchTasksReply(code=0, tasks=[_task_info(t, now) for t in tasks])
+
+    @_rpc
+    def MarkTaskToComplete(self, request, context):
+        return pb.StatusReply(code=self.svc.mark_task_complete(request.client_id, request.task_id, request.success,
+                                                               request.message))
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class MasterServer:
+    """The master process: gRPC + monitor + admin HTTP (+ embedded metadata server). ``start`` returns self.
+
+    Errors: ``start`` raises OSError when a port cannot be bound (nothing is left running)."""
+
+    def __init__(self, config: MasterConfig | None = None, service: MasterService | None = None) -> None:
+        self.config = config or MasterConfig()
+        self.service = service or MasterService(self.config)
+        self._grpc: grpc.Server | None = None
+        self._admin: AdminHttpServer | None = None
+        self._metadata = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.config.rpc_address in ("0.0.0.0", "::", "") else self.config.rpc_address
+        return _host_port(host, self.port)
+
+    @property
+    def admin_port(self) -> int:
+        return self._admin.port if self._admin else 0
+
+    @property
+    def metadata_port(self) -> int:
+        return self._metadata.port if self._metadata else 0
+
+    def start(self) -> "MasterServer":
+        c = self.config
+        try:
+            # so_reuseport off: a second master on the same port must fail, not silently share it.
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=c.max_threads, thread_name_prefix="master-rpc"),
+                                 options=GRPC_OPTIONS + [("grpc.so_reuseport", 0)])
+            pb_grpc.add_MasterServiceServicer_to_server(MasterServicer(self.service), server)
+            try:
+                port = server.add_insecure_port(_host_port(c.rpc_address, c.port))
+            except RuntimeError as e:
+                raise OSError(f"cannot bind the RPC port {_host_port(c.rpc_address, c.port)}: {e}") from None
+            if port == 0:
+                raise OSError(f"cannot bind the RPC port {_host_port(c.rpc_address, c.port)}")
+            self.port = port
+            if c.enable_metric_reporting:
+                self._admin = AdminHttpServer(self.service, c.metrics_host, c.metrics_port).start()
+            if c.enable_http_metadata_server:
+                from mooncake.http_metadata_server import HttpMetadataServer
+                self._metadata = HttpMetadataServer(c.http_metadata_server_host, c.http_metadata_server_port).start()
+            server.start()
+            self._grpc = server
+            self.service.start_monitor()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._grpc.wait_for_termination(timeout) if self._grpc else True
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Idempotent; stops accepting RPCs, lets running ones finish for `grace` s, stops the helpers."""
+        if self._grpc is not None:
+            self._grpc.stop(grace).wait()
+            self._grpc = None
+        self.service.stop_monitor()
+        if self._admin is not None:
+            self._admin.stop()
+            self._admin = None
+        if self._metadata is not None:
+            self._metadata.stop()
+            self._metadata = None
+
+    def __enter__(self) -> "MasterServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

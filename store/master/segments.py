@@ -1,0 +1,220 @@
+"""Mounted memory segments, their allocators, and replica placement.
+
+A *segment* is a range of a client's registered memory (Transfer Engine segment ``name``, ``base`` address,
+``size``) that the client contributes to the pool. The master never touches its bytes; it only hands out
+ranges of it (``Replica``) that clients write and read with the Transfer Engine.
+
+Placement (``SegmentRegistry.allocate``): one contiguous buffer per replica, each replica of an object on a
+distinct segment, preferring segments of distinct names (hosts/processes) when more than one replica is
+asked for. Preferred segments (by name, in the caller's order) are tried first; then, with the ``random``
+strategy, at most ``MAX_PROBES`` segments from a random starting point (spreads load and avoids the
+"first segment of the batch becomes everybody's favourite" hot spot), or with ``free_ratio_first`` the
+segments with the largest free fraction first. Placement is best effort: fewer replicas than asked may be
+returned; none at all means the pool has no room (the caller reports NO_AVAILABLE_HANDLE).
+
+Threading: not thread-safe; the master calls everything under its lock.
+Ownership: the registry owns Segment objects; a Replica refers to its segment and stays valid (its
+``address`` still computable) after the segment is unmounted, but ``release`` of such a replica is a no-op.
+"""
+
+from __future__ import annotations
+
+import random
+
+from mooncake.store.master.allocator import OffsetAllocator
+from mooncake.store.master.errors import ErrorCode
+
+MAX_PROBES = 100
+ALLOCATION_STRATEGIES = ("random", "free_ratio_first")
+_MAX_ADDRESS = 1 << 64
+
+
+class Segment:
+    """A mounted segment. Fields are immutable after mount except ``mounted``."""
+
+    __slots__ = ("id", "name", "base", "size", "te_endpoint", "protocol", "client_id", "allocator", "mounted")
+
+    def __init__(self, seg_id: str, name: str, base: int, size: int, te_endpoint: str, protocol: str,
+                 client_id: str) -> None:
+        self.id = seg_id
+        self.name = name
+        self.base = base
+        self.size = size
+        self.te_endpoint = te_endpoint
+        self.protocol = protocol
+        self.client_id = client_id
+        self.allocator = OffsetAllocator(size)
+        self.mounted = True
+
+    def same_params(self, name: str, base: int, size: int, te_endpoint: str, protocol: str) -> bool:
+        return (self.name, self.base, self.size, self.te_endpoint, self.protocol) == (
+            name, base, size, te_endpoint, protocol)
+
+    def describe(self) -> dict:
+        a = self.allocator
+        return {"id": self.id, "name": self.name, "base": self.base, "size": self.size,
+                "te_endpoint": self.te_endpoint, "protocol": self.protocol, "client_id": self.client_id,
+                "used_bytes": a.used_bytes, "free_bytes": a.free_bytes,
+                "usage": round(a.used_bytes / a.capacity, 6) if a.capacity else 0.0,
+                "free_blocks": a.free_block_count, "largest_free_bytes": a.largest_free(),
+                "fragmentation": round(a.fragmentation(), 6)}
+
+
+class Replica:
+    """One replica's buffer: ``size`` bytes at ``offset`` inside ``segment``. Immutable."""
+
+    __slots__ = ("segment", "offset", "size")
+
+    def __init__(self, segment: Segment, offset: int, size: int) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+
+    @property
+    def address(self) -> int:
+        return self.segment.base + self.offset
+
+    def __repr__(self) -> str:
+        return f"Replica({self.segment.name}:{self.segment.id}@{self.offset:#x}+{self.size})"
+
+
+class SegmentRegistry:
+    def __init__(self, strategy: str = "random", rng: random.Random | None = None) -> None:
+        if strategy not in ALLOCATION_STRATEGIES:
+            raise ValueError(f"unknown allocation strategy {strategy!r}; expected one of {ALLOCATION_STRATEGIES}")
+        self.strategy = strategy
+        self._rng = rng or random.Random()
+        self._by_id: dict[str, Segment] = {}
+        self._order: list[Segment] = []  # mount order; placement walks it from a random start
+        self._by_name: dict[str, list[Segment]] = {}
+        self._by_client: dict[str, dict[str, Segment]] = {}
+        self.capacity = 0  # bytes over all mounted segments (allocator granules)
+        self.used = 0
+
+    # -- mount / unmount -----------------------------------------------------------------------------------
+    def mount(self, client_id: str, seg_id: str, name: str, base: int, size: int, te_endpoint: str = "",
+              protocol: str = "tcp") -> tuple[ErrorCode, Segment | None]:
+        """Mounts a segment. Idempotent: the same id with the same parameters from the same client is OK.
+
+        INVALID_PARAMS: empty id/name/client, base 0, size smaller than one allocation granule, a range past
+        2^64, or a range overlapping another mounted segment of the same name. SEGMENT_ALREADY_EXISTS: the
+        id is mounted with other parameters or by another client.
+        """
+        if not client_id or not seg_id or not name or base <= 0 or size < 64 or base + size > _MAX_ADDRESS:
+            return ErrorCode.INVALID_PARAMS, None
+        old = self._by_id.get(seg_id)
+        if old is not None:
+            if old.client_id == client_id and old.same_params(name, base, size, te_endpoint, protocol):
+                return ErrorCode.OK, old
+            return ErrorCode.SEGMENT_ALREADY_EXISTS, None
+        for other in self._by_name.get(name, ()):
+            if base < other.base + other.size and other.base < base + size:
+                return ErrorCode.INVALID_PARAMS, None
+        seg = Segment(seg_id, name, base, size, te_endpoint, protocol, client_id)
+        self._by_id[seg_id] = seg
+        self._order.append(seg)
+        self._by_name.setdefault(name, []).append(seg)
+        self._by_client.setdefault(client_id, {})[seg_id] = seg
+        self.capacity += seg.allocator.capacity
+        return ErrorCode.OK, seg
+
+    def unmount(self, seg_id: str) -> Segment | None:
+        """Removes a segment (None if unknown). Its replicas become dangling: the caller drops them."""
+        seg = self._by_id.pop(seg_id, None)
+        if seg is None:
+            return None
+        seg.mounted = False
+        self._order.remove(seg)
+        same_name = self._by_name[seg.name]
+        same_name.remove(seg)
+        if not same_name:
+            del self._by_name[seg.name]
+        owned = self._by_client[seg.client_id]
+        del owned[seg_id]
+        if not owned:
+            del self._by_client[seg.client_id]
+        self.capacity -= seg.allocator.capacity
+        self.used -= seg.allocator.used_bytes
+        return seg
+
+    # -- lookup --------------------------------------------------------------------------------------------
+    def get(self, seg_id: str) -> Segment | None:
+        return self._by_id.get(seg_id)
+
+    def by_name(self, name: str) -> list[Segment]:
+        return list(self._by_name.get(name, ()))
+
+    def of_client(self, client_id: str) -> list[Segment]:
+        return list(self._by_client.get(client_id, {}).values())
+
+    def all(self) -> list[Segment]:
+        return list(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def usage(self) -> float:
+        return self.used / self.capacity if self.capacity else 0.0
+
+    # -- allocation ----------------------------------------------------------------------------------------
+    def allocate(self, size: int, replica_num: int, preferred: tuple[str, ...] | list[str] = (),
+                 exclude: set[str] | frozenset[str] = frozenset()) -> list[Replica]:
+        """Up to `replica_num` new replicas of `size` bytes on distinct segments (none of the ids in
+        `exclude`); see the module docstring for the order. Returns [] when nothing fits."""
+        if not self._order or size <= 0 or replica_num <= 0:
+            return []
+        chosen: list[Replica] = []
+        used_ids = set(exclude)
+        used_names: set[str] = set()
+        candidates = self._candidates(preferred)
+        passes = (True, False) if replica_num > 1 else (False,)
+        for distinct_names in passes:
+            for seg in candidates:
+                if len(chosen) == replica_num:
+                    return chosen
+                if seg.id in used_ids or (distinct_names and seg.name in used_names):
+                    continue
+                offset = seg.allocator.allocate(size)
+                if offset is None:
+                    continue
+                self.used += seg.allocator.rounded(size)
+                chosen.append(Replica(seg, offset, size))
+                used_ids.add(seg.id)
+                used_names.add(seg.name)
+        return chosen
+
+    def allocate_on(self, name: str, size: int, exclude: set[str] | frozenset[str] = frozenset()) -> Replica | None:
+        """One replica on a segment named `name` (not in `exclude`), or None when none of them has room."""
+        for seg in self._by_name.get(name, ()):
+            if seg.id in exclude:
+                continue
+            offset = seg.allocator.allocate(size)
+            if offset is not None:
+                self.used += seg.allocator.rounded(size)
+                return Replica(seg, offset, size)
+        return None
+
+    def release(self, replica: Replica) -> None:
+        """Frees a replica's buffer; a no-op when its segment has been unmounted (the memory is gone)."""
+        seg = replica.segment
+        if seg.mounted:
+            seg.allocator.free(replica.offset, replica.size)
+            self.used -= seg.allocator.rounded(replica.size)
+
+    def _candidates(self, preferred) -> list[Segment]:
+        order = self._order
+        n = len(order)
+        head: list[Segment] = []
+        for name in preferred:
+            head.extend(self._by_name.get(name, ()))
+        if self.strategy == "free_ratio_first":
+            if n > MAX_PROBES:
+                start = self._rng.randrange(n)
+                tail = [order[(start + i) % n] for i in range(MAX_PROBES)]
+            else:
+                tail = list(order)
+            tail.sort(key=lambda s: s.allocator.free_bytes / s.allocator.capacity, reverse=True)
+        else:
+            start = self._rng.randrange(n)
+            tail = [order[(start + i) % n] for i in range(min(n, MAX_PROBES))]
+        return head + tail if head else tail

@@ -1,0 +1,635 @@
+"""The master's core: segments, objects, leases, eviction, liveness and crashed-put recovery.
+
+Every public method is thread-safe: it takes the service lock for its whole duration (batch forms take it
+once for all items), so concurrent RPCs see a serial order. Methods never raise for bad input: they return
+an ErrorCode (reference §2.4). They return plain Python values; ``Replica`` objects handed out are
+immutable and may be read after the lock is released.
+
+Put protocol: ``put_start`` allocates one buffer per replica (PROCESSING; the key is not readable) ->
+the client writes them with the Transfer Engine -> ``put_end`` commits (COMPLETE, readable) or
+``put_revoke`` frees them. Objects are immutable: ``put_start`` on a committed key is OBJECT_ALREADY_EXISTS
+(the client reports success); ``upsert_start`` overwrites (in place when the size and replica count are
+unchanged and no reader holds a lease, else in new buffers while the old version stays readable).
+
+Crashed or stuck writers (Mooncake#974): a put still PROCESSING after --put_start_discard_timeout_sec is
+revoked by the monitor: the key disappears at once (new puts may proceed) and its buffers are *held* until
+--put_start_release_timeout_sec, until the writer ends/revokes it, until the writer's client expires, or
+until the pool needs the space, whichever comes first (a late writer must not scribble over buffers that
+already belong to another object while that can be avoided). Puts of an expired client are revoked and
+freed at once.
+
+The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
+revokes stuck puts and copy/move operations, releases held buffers, fails overdue tasks, purges expired
+lease entries and evicts when usage reaches the high watermark.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+import time
+from typing import Callable
+
+from mooncake.store.master.config import MAX_KEY_BYTES, MAX_REPLICA_NUM, MasterConfig
+from mooncake.store.master.errors import ErrorCode
+from mooncake.store.master.eviction import object_bytes, select_victims
+from mooncake.store.master.liveness import ClientRegistry
+from mooncake.store.master.metrics import MasterMetrics
+from mooncake.store.master.objects import Held, ObjectTable, PendingPut, PutConfig, PutKind, replicas_of
+from mooncake.store.master.replication import Replicator
+from mooncake.store.master.segments import Replica, Segment, SegmentRegistry
+from mooncake.store.master.tasks import TaskManager
+
+_log = logging.getLogger("mooncake.store.master")
+
+OK = ErrorCode.OK
+_PURGE_PERIOD_SEC = 1.0
+
+
+class SegmentSpec:
+    """Parameters of a segment to mount (from the RPC layer)."""
+
+    __slots__ = ("id", "name", "base", "size", "te_endpoint", "protocol")
+
+    def __init__(self, seg_id: str, name: str, base: int, size: int, te_endpoint: str = "", protocol: str = "tcp"):
+        self.id, self.name, self.base, self.size = seg_id, name, base, size
+        self.te_endpoint, self.protocol = te_endpoint, protocol
+
+
+class MasterService:
+    def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 metrics: MasterMetrics | None = None, rng: random.Random | None = None) -> None:
+        self.config = config = config or MasterConfig()
+        config.validate()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.metrics = metrics or MasterMetrics()
+        self.segments = SegmentRegistry(config.allocation_strategy, rng)
+        self.table = ObjectTable()
+        self.clients = ClientRegistry(config.client_ttl_sec)
+        self.tasks = TaskManager(config.max_total_pending_tasks, config.max_total_processing_tasks,
+                                 config.max_total_finished_tasks, config.pending_task_timeout_sec,
+                                 config.processing_task_timeout_sec)
+        self.replicator = Replicator(self)
+        # A fresh random view version per master process: clients see a restart as a version change.
+        self.view_version = random.SystemRandom().getrandbits(63) or 1
+        self.lease_ttl = config.default_kv_lease_ttl_ms / 1000.0
+        self._next_purge = 0.0
+        self._monitor: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.metrics.attach_state(self.snapshot)
+
+    # -- locking helpers used by replication.py ---------------------------------------------------------------
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def now(self) -> float:
+        return self._clock()
+
+    # ======================================================================================================
+    # Segments and clients
+    # ======================================================================================================
+    def mount_segment(self, client_id: str, spec: SegmentSpec) -> ErrorCode:
+        with self._lock:
+            code = self._mount_locked(client_id, spec)
+            self.metrics.count("mount_segment", code)
+            return code
+
+    def remount_segments(self, client_id: str, specs: list[SegmentSpec]) -> ErrorCode:
+        """Registers the client as alive and mounts all `specs` (already mounted ones are fine). Returns the
+        first error, after trying every segment."""
+        with self._lock:
+            if not client_id:
+                return ErrorCode.INVALID_PARAMS
+            self.clients.register(client_id, self._clock())
+            first = OK
+            for spec in specs:
+                code = self._mount_locked(client_id, spec)
+                if code != OK and first == OK:
+                    first = code
+            self.metrics.count("remount_segment", first)
+            return first
+
+    def unmount_segment(self, client_id: str, segment_id: str) -> ErrorCode:
+        """Idempotent (unknown id: OK). ILLEGAL_CLIENT when another client owns the segment."""
+        with self._lock:
+            seg = self.segments.get(segment_id)
+            if seg is None:
+                code = OK if client_id and segment_id else ErrorCode.INVALID_PARAMS
+            elif seg.client_id != client_id:
+                code = ErrorCode.ILLEGAL_CLIENT
+            else:
+                self._unmount_locked(seg, "unmount")
+                code = OK
+            self.metrics.count("unmount_segment", code)
+            return code
+
+    def ping(self, client_id: str) -> tuple[ErrorCode, bool]:
+        """(OK, alive). alive False means NEED_REMOUNT (see liveness.py)."""
+        if not client_id:
+            return ErrorCode.INVALID_PARAMS, False
+        with self._lock:
+            return OK, self.clients.ping(client_id, self._clock())
+
+    def _mount_locked(self, client_id: str, spec: SegmentSpec) -> ErrorCode:
+        code, _ = self.segments.mount(client_id, spec.id, spec.name, spec.base, spec.size, spec.te_endpoint,
+                                      spec.protocol)
+        if code == OK:
+            self.clients.register(client_id, self._clock())
+        return code
+
+    def _unmount_locked(self, seg: Segment, reason: str) -> None:
+        """Unmounts `seg` and drops every replica on it; objects left without replicas disappear."""
+        had_data = seg.allocator.used_bytes > 0
+        self.segments.unmount(seg.id)
+        if not had_data:
+            return
+        objects = self.table.objects
+        for key, value in list(objects.items()):
+            reps = replicas_of(value)
+            if not any(r.segment is seg for r in reps):
+                continue
+            remaining = tuple(r for r in reps if r.segment is not seg)
+            if remaining:
+                objects[key] = remaining[0] if len(remaining) == 1 else remaining
+            else:
+                self.table.drop(key)
+        for key, p in list(self.table.pending.items()):
+            p.replicas = [r for r in p.replicas if r.segment is not seg]
+            if not p.replicas:
+                del self.table.pending[key]
+                self.metrics.revoked_puts.labels(reason=reason).inc()
+        self.replicator.on_segment_unmounted(seg)
+        _log.info("segment %s (%s) of client %s unmounted (%s)", seg.id, seg.name, seg.client_id, reason)
+
+    def _expire_client_locked(self, client_id: str, now: float) -> None:
+        for seg in self.segments.of_client(client_id):
+            self._unmount_locked(seg, "client_expired")
+        for key, p in list(self.table.pending.items()):
+            if p.client_id == client_id:
+                del self.table.pending[key]
+                self._free(p.replicas)
+                self.metrics.revoked_puts.labels(reason="client_expired").inc()
+        self._release_held(lambda h: h.writer == client_id)
+        self.replicator.on_client_expired(client_id)
+        self.tasks.fail_client(client_id, now)
+        self.metrics.expired_clients.inc()
+        _log.warning("client %s expired (no ping for %.1f s): its segments were unmounted", client_id,
+                     self.clients.ttl)
+
+    # ======================================================================================================
+    # Put / upsert
+    # ======================================================================================================
+    def put_start(self, client_id: str, key: str, size: int, config: PutConfig = PutConfig()
+                  ) -> tuple[ErrorCode, list[Replica]]:
+        with self._lock:
+            return self._start_locked(client_id, key, size, config, False, self._clock())
+
+    def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], config: PutConfig = PutConfig()
+                        ) -> list[tuple[ErrorCode, list[Replica]]]:
+        """One result per key; mismatched lengths give INVALID_PARAMS for every key."""
+        if len(keys) != len(sizes):
+            return [(ErrorCode.INVALID_PARAMS, [])] * len(keys)
+        with self._lock:
+            now = self._clock()
+            return [self._start_locked(client_id, k, s, config, False, now) for k, s in zip(keys, sizes)]
+
+    def upsert_start(self, client_id: str, key: str, size: int, config: PutConfig = PutConfig()
+                     ) -> tuple[ErrorCode, list[Replica]]:
+        with self._lock:
+            return self._start_locked(client_id, key, size, config, True, self._clock())
+
+    def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int], config: PutConfig = PutConfig()
+                           ) -> list[tuple[ErrorCode, list[Replica]]]:
+        if len(keys) != len(sizes):
+            return [(ErrorCode.INVALID_PARAMS, [])] * len(keys)
+        with self._lock:
+            now = self._clock()
+            return [self._start_locked(client_id, k, s, config, True, now) for k, s in zip(keys, sizes)]
+
+    def put_end(self, client_id: str, key: str) -> ErrorCode:
+        """Commits the put/upsert of `key` (the same call ends an upsert)."""
+        with self._lock:
+            return self._end_locked(client_id, key, self._clock())
+
+    def put_revoke(self, client_id: str, key: str) -> ErrorCode:
+        with self._lock:
+            return self._revoke_locked(client_id, key, self._clock())
+
+    def batch_put_end(self, client_id: str, keys: list[str]) -> list[ErrorCode]:
+        with self._lock:
+            now = self._clock()
+            return [self._end_locked(client_id, k, now) for k in keys]
+
+    def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[ErrorCode]:
+        with self._lock:
+            now = self._clock()
+            return [self._revoke_locked(client_id, k, now) for k in keys]
+
+    def _check_key(self, key: str) -> ErrorCode:
+        if not key:
+            return ErrorCode.INVALID_PARAMS
+        if len(key) > MAX_KEY_BYTES:
+            return ErrorCode.INVALID_KEY
+        return OK
+
+    def _start_locked(self, client_id: str, key: str, size: int, cfg: PutConfig, upsert: bool, now: float
+                      ) -> tuple[ErrorCode, list[Replica]]:
+        op = "upsert_start" if upsert else "put_start"
+        code, replicas = self._start_checked(client_id, key, size, cfg, upsert, now)
+        self.metrics.count(op, code)
+        return code, replicas
+
+    def _start_checked(self, client_id, key, size, cfg, upsert, now) -> tuple[ErrorCode, list[Replica]]:
+        code = self._check_key(key)
+        if code != OK:
+            return code, []
+        if not client_id or size <= 0 or not 1 <= cfg.replica_num <= MAX_REPLICA_NUM:
+            return ErrorCode.INVALID_PARAMS, []
+        t = self.table
+        p = t.pending.get(key)
+        if p is not None:
+            if now - p.started < self.config.put_start_discard_timeout_sec:
+                return (ErrorCode.OBJECT_REPLICA_BUSY if upsert else ErrorCode.OBJECT_ALREADY_EXISTS), []
+            self._discard_locked(key, p, now, "timeout")  # a stuck put is pre-empted by a new writer
+        old = t.objects.get(key)
+        kind = PutKind.PUT
+        if old is not None:
+            if not upsert:
+                return ErrorCode.OBJECT_ALREADY_EXISTS, []
+            if key in t.busy or self.tasks.has_task(key):
+                return ErrorCode.OBJECT_HAS_REPLICATION_TASK, []
+            old_reps = replicas_of(old)
+            if (old_reps[0].size == size and len(old_reps) == cfg.replica_num
+                    and not t.lease_deadline(key, now)):
+                # Overwrite in place: the object is unreadable until the end (its buffers are being written).
+                del t.objects[key]
+                t.pending[key] = PendingPut(client_id, size, list(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE)
+                return OK, list(old_reps)
+            kind = PutKind.UPSERT_REALLOC
+        replicas = self._allocate_locked(size, cfg.replica_num, cfg.preferred_segments, now)
+        if not replicas:
+            return ErrorCode.NO_AVAILABLE_HANDLE, []
+        t.pending[key] = PendingPut(client_id, size, replicas, now, cfg, kind)
+        return OK, replicas
+
+    def _end_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
+        code = self._end_checked(client_id, key, now)
+        self.metrics.count("put_end", code)
+        return code
+
+    def _end_checked(self, client_id: str, key: str, now: float) -> ErrorCode:
+        t = self.table
+        p = t.pending.get(key)
+        if p is None or p.client_id != client_id:
+            if self._release_held(lambda h: h.key == key and h.writer == client_id):
+                return ErrorCode.OBJECT_NOT_FOUND  # its put was revoked; the late writer's buffers are freed now
+            if p is not None:
+                return ErrorCode.ILLEGAL_CLIENT
+            return ErrorCode.INVALID_WRITE if key in t.objects else ErrorCode.OBJECT_NOT_FOUND
+        del t.pending[key]
+        if p.kind == PutKind.UPSERT_REALLOC and key in t.objects:
+            self._retire_locked(key, t.objects[key], now)
+        cfg = p.config
+        ttl_ms = min(cfg.soft_pin_ttl_ms or self.config.default_kv_soft_pin_ttl_ms, self.config.max_kv_soft_pin_ttl_ms)
+        t.commit(key, p.replicas, now, cfg, ttl_ms / 1000.0)
+        return OK
+
+    def _revoke_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
+        t = self.table
+        p = t.pending.get(key)
+        if p is None or p.client_id != client_id:
+            if self._release_held(lambda h: h.key == key and h.writer == client_id):
+                code = OK  # its put was revoked already; the late writer's buffers are freed now
+            else:
+                code = ErrorCode.OBJECT_NOT_FOUND if p is None else ErrorCode.ILLEGAL_CLIENT
+        else:
+            del t.pending[key]
+            self._free(p.replicas)
+            if p.kind == PutKind.UPSERT_IN_PLACE:
+                t.drop(key)  # its old bytes were partly overwritten: the object is gone
+            self.metrics.revoked_puts.labels(reason="client").inc()
+            code = OK
+        self.metrics.count("put_revoke", code)
+        return code
+
+    def _discard_locked(self, key: str, p: PendingPut, now: float, reason: str) -> None:
+        """Revokes a stuck put: the key goes now, its buffers are held (see module docstring)."""
+        del self.table.pending[key]
+        if p.kind == PutKind.UPSERT_IN_PLACE:
+            self.table.drop(key)
+        self.table.held.append(Held(key, tuple(p.replicas), now + self.config.put_start_release_timeout_sec,
+                                    p.client_id))
+        self.metrics.revoked_puts.labels(reason=reason).inc()
+        _log.log(logging.WARNING if reason == "timeout" else logging.INFO,
+                 "put of %r by client %s revoked (%s) after %.1f s in PROCESSING", key, p.client_id, reason,
+                 now - p.started)
+
+    def _retire_locked(self, key: str, value, now: float) -> None:
+        """Frees the buffers of a replaced/removed version, or holds them while a reader's lease lasts."""
+        deadline = self.table.lease_deadline(key, now)
+        if deadline:
+            self.table.held.append(Held(key, replicas_of(value), deadline))
+        else:
+            self._free(replicas_of(value))
+
+    # -- allocation and eviction ----------------------------------------------------------------------------
+    def _allocate_locked(self, size: int, replica_num: int, preferred, now: float,
+                         exclude: frozenset[str] | set[str] = frozenset()) -> list[Replica]:
+        replicas = self.segments.allocate(size, replica_num, preferred, exclude)
+        if replicas or not self._fits_somewhere(size):
+            return replicas
+        # Out of room: reclaim held buffers of discarded puts first, then evict (LRU) and try once more.
+        if self._release_held(lambda h: bool(h.writer)):
+            replicas = self.segments.allocate(size, replica_num, preferred, exclude)
+            if replicas:
+                return replicas
+        need = max(int(self.config.eviction_ratio * self.segments.capacity), size * replica_num)
+        self._evict_locked(need, now, "alloc_failure")
+        return self.segments.allocate(size, replica_num, preferred, exclude)
+
+    def _fits_somewhere(self, size: int) -> bool:
+        return any(seg.allocator.capacity >= size for seg in self.segments.all())
+
+    def _evict_locked(self, target: int, now: float, reason: str) -> int:
+        victims, _ = select_victims(self.table, now, target, self.config.allow_evict_soft_pinned_objects)
+        freed = 0
+        for key in victims:
+            reps = self.table.drop(key)
+            freed += sum(r.segment.allocator.rounded(r.size) for r in reps)
+            self._free(reps)
+        if victims:
+            self.metrics.evicted_objects.labels(reason=reason).inc(len(victims))
+            self.metrics.evicted_bytes.labels(reason=reason).inc(freed)
+            _log.info("evicted %d objects (%d bytes, %s)", len(victims), freed, reason)
+        return len(victims)
+
+    def _free(self, replicas) -> None:
+        for r in replicas:
+            self.segments.release(r)
+
+    def _release_held(self, match: Callable[[Held], bool]) -> int:
+        """Frees every held entry for which `match` is true; returns how many."""
+        keep, n = [], 0
+        for h in self.table.held:
+            if match(h):
+                self._free(h.replicas)
+                n += 1
+            else:
+                keep.append(h)
+        if n:
+            self.table.held = keep
+        return n
+
+    # ======================================================================================================
+    # Reads
+    # ======================================================================================================
+    def exist(self, key: str) -> tuple[ErrorCode, bool]:
+        with self._lock:
+            return self._exist_locked(key, self._clock())
+
+    def batch_exist(self, keys: list[str]) -> list[tuple[ErrorCode, bool]]:
+        with self._lock:
+            now = self._clock()
+            return [self._exist_locked(k, now) for k in keys]
+
+    def _exist_locked(self, key: str, now: float) -> tuple[ErrorCode, bool]:
+        code = self._check_key(key)
+        self.metrics.count("exist", code)
+        if code != OK:
+            return code, False
+        found = key in self.table.objects
+        if found and self.config.exist_grants_lease:
+            self.table.grant_lease(key, now, self.lease_ttl)
+        return OK, found
+
+    def get_replica_list(self, key: str) -> tuple[ErrorCode, list[Replica], int]:
+        """(code, COMPLETE replicas, lease ms left). Grants a read lease and marks the object recently used.
+        REPLICA_IS_NOT_READY while the first put is in progress; OBJECT_NOT_FOUND if absent."""
+        with self._lock:
+            return self._get_locked(key, self._clock())
+
+    def batch_get_replica_list(self, keys: list[str]) -> list[tuple[ErrorCode, list[Replica], int]]:
+        with self._lock:
+            now = self._clock()
+            return [self._get_locked(k, now) for k in keys]
+
+    def get_replica_list_by_regex(self, pattern: str) -> tuple[ErrorCode, dict[str, tuple[list[Replica], int]]]:
+        """Every committed key matching `pattern` (re.search), each leased. INVALID_PARAMS for a bad regex."""
+        try:
+            rx = re.compile(pattern)
+        except (re.error, TypeError):
+            return ErrorCode.INVALID_PARAMS, {}
+        with self._lock:
+            now = self._clock()
+            keys = [k for k in self.table.objects if rx.search(k)]
+            out = {}
+            for k in keys:
+                _, reps, lease_ms = self._get_locked(k, now)
+                out[k] = (reps, lease_ms)
+            return OK, out
+
+    def _get_locked(self, key: str, now: float) -> tuple[ErrorCode, list[Replica], int]:
+        t = self.table
+        value = t.objects.get(key)
+        if value is None:
+            code = self._check_key(key)
+            if code == OK:
+                code = ErrorCode.REPLICA_IS_NOT_READY if key in t.pending else ErrorCode.OBJECT_NOT_FOUND
+            self.metrics.count("get_replica_list", code)
+            return code, [], 0
+        t.touch(key)
+        deadline = t.grant_lease(key, now, self.lease_ttl)
+        self.metrics.count("get_replica_list")
+        self.metrics.leases_granted.inc()
+        return OK, list(replicas_of(value)), int((deadline - now) * 1000)
+
+    # ======================================================================================================
+    # Removal
+    # ======================================================================================================
+    def remove(self, key: str, force: bool = False) -> ErrorCode:
+        """OBJECT_NOT_FOUND if absent, REPLICA_IS_NOT_READY while being put (force: revoke that put),
+        OBJECT_HAS_LEASE while leased and OBJECT_HAS_REPLICATION_TASK during a copy/move (unless force)."""
+        with self._lock:
+            return self._remove_locked(key, force, self._clock())
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[ErrorCode]:
+        with self._lock:
+            now = self._clock()
+            return [self._remove_locked(k, force, now) for k in keys]
+
+    def remove_by_regex(self, pattern: str, force: bool = False) -> tuple[ErrorCode, int]:
+        """Removes committed keys matching `pattern` (re.search), skipping leased/busy ones unless force."""
+        try:
+            rx = re.compile(pattern)
+        except (re.error, TypeError):
+            return ErrorCode.INVALID_PARAMS, 0
+        with self._lock:
+            now = self._clock()
+            keys = [k for k in self.table.objects if rx.search(k)]
+            return OK, sum(1 for k in keys if self._remove_locked(k, force, now) == OK)
+
+    def remove_all(self, force: bool = False) -> tuple[ErrorCode, int]:
+        """Removes every committed object except leased/busy ones (unless force); returns the count."""
+        with self._lock:
+            now = self._clock()
+            keys = list(self.table.objects)
+            return OK, sum(1 for k in keys if self._remove_locked(k, force, now) == OK)
+
+    def _remove_locked(self, key: str, force: bool, now: float) -> ErrorCode:
+        code = self._remove_checked(key, force, now)
+        self.metrics.count("remove", code)
+        return code
+
+    def _remove_checked(self, key: str, force: bool, now: float) -> ErrorCode:
+        code = self._check_key(key)
+        if code != OK:
+            return code
+        t = self.table
+        value = t.objects.get(key)
+        if value is None:
+            p = t.pending.get(key)
+            if p is None:
+                return ErrorCode.OBJECT_NOT_FOUND
+            if not force:
+                return ErrorCode.REPLICA_IS_NOT_READY
+            self._discard_locked(key, p, now, "force_remove")
+            return OK
+        if key in t.busy:
+            if not force:
+                return ErrorCode.OBJECT_HAS_REPLICATION_TASK
+            self.replicator.cancel(key)
+        if not force and t.lease_deadline(key, now):
+            return ErrorCode.OBJECT_HAS_LEASE
+        self._retire_locked(key, value, now)  # force on a leased object: buffers held until the lease ends
+        t.drop(key)
+        p = t.pending.get(key)
+        if p is not None and p.kind == PutKind.UPSERT_REALLOC:
+            p.kind = PutKind.PUT  # the upsert in flight now creates the key afresh
+        return OK
+
+    # ======================================================================================================
+    # Copy / move / replica clear (replication.py) and tasks
+    # ======================================================================================================
+    def copy_start(self, client_id, key, source, targets):
+        return self.replicator.start(client_id, key, source, tuple(targets), move=False)
+
+    def move_start(self, client_id, key, source, target):
+        return self.replicator.start(client_id, key, source, (target,) if target else (), move=True)
+
+    def copy_end(self, client_id, key):
+        return self.replicator.end(client_id, key, move=False)
+
+    def move_end(self, client_id, key):
+        return self.replicator.end(client_id, key, move=True)
+
+    def copy_revoke(self, client_id, key):
+        return self.replicator.revoke(client_id, key, move=False)
+
+    def move_revoke(self, client_id, key):
+        return self.replicator.revoke(client_id, key, move=True)
+
+    def create_copy_task(self, key, targets):
+        return self.replicator.create_task(key, "", tuple(targets), move=False)
+
+    def create_move_task(self, key, source, target):
+        return self.replicator.create_task(key, source, (target,) if target else (), move=True)
+
+    def query_task(self, task_id):
+        with self._lock:
+            return self.tasks.get(task_id)
+
+    def fetch_tasks(self, client_id: str, batch: int):
+        with self._lock:
+            return self.tasks.fetch(client_id, max(0, batch), self._clock())
+
+    def mark_task_complete(self, client_id: str, task_id: str, success: bool, message: str = "") -> ErrorCode:
+        with self._lock:
+            return self.tasks.complete(client_id, task_id, success, message, self._clock())
+
+    def batch_replica_clear(self, client_id: str, keys: list[str], segment_name: str = ""):
+        return self.replicator.batch_clear(client_id, keys, segment_name)
+
+    # ======================================================================================================
+    # Monitor
+    # ======================================================================================================
+    def tick(self) -> None:
+        """One maintenance round (see module docstring); the monitor thread calls it periodically."""
+        with self._lock:
+            now = self._clock()
+            for client_id in self.clients.expire(now):
+                self._expire_client_locked(client_id, now)
+            timeout = self.config.put_start_discard_timeout_sec
+            stuck = [(k, p) for k, p in self.table.pending.items() if now - p.started >= timeout]
+            for key, p in stuck:
+                self._discard_locked(key, p, now, "timeout")
+            self._release_held(lambda h: h.release_at <= now)
+            self.replicator.expire(now)
+            self.tasks.expire(now)
+            if now >= self._next_purge:
+                self.table.purge_expired(now)
+                self._next_purge = now + _PURGE_PERIOD_SEC
+            cap = self.segments.capacity
+            if cap and self.segments.used >= self.config.eviction_high_watermark_ratio * cap:
+                self._evict_locked(int(self.config.eviction_ratio * cap), now, "watermark")
+
+    def start_monitor(self) -> None:
+        if self._monitor is not None:
+            return
+        self._stop.clear()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="mooncake-master-monitor", daemon=True)
+        self._monitor.start()
+
+    def stop_monitor(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
+            self._monitor = None
+
+    def _monitor_loop(self) -> None:
+        period = self.config.monitor_interval_ms / 1000.0
+        while not self._stop.wait(period):
+            try:
+                self.tick()
+            except Exception:  # keep the master alive; the failure is a bug worth a loud log line
+                _log.exception("master monitor round failed")
+
+    # ======================================================================================================
+    # Introspection (metrics, admin HTTP)
+    # ======================================================================================================
+    def snapshot(self) -> dict:
+        """Counts and per-segment usage (a consistent view taken under the lock)."""
+        with self._lock:
+            now = self._clock()
+            t = self.table
+            return {
+                "objects": len(t.objects), "pending_puts": len(t.pending),
+                "capacity_bytes": self.segments.capacity, "used_bytes": self.segments.used,
+                "usage": round(self.segments.usage(), 6),
+                "held_bytes": sum(r.segment.allocator.rounded(r.size) for h in t.held for r in h.replicas
+                                  if r.segment.mounted),
+                "clients": len(self.clients), "leases": t.live_lease_count(now),
+                "hard_pinned": len(t.hard_pins), "soft_pinned": len(t.soft_pins),
+                "segments": [s.describe() for s in self.segments.all()],
+                "tasks": self.tasks.counts(), "view_version": self.view_version,
+            }
+
+    def describe_key(self, key: str) -> tuple[ErrorCode, dict]:
+        """Read-only view of one key (no lease, no LRU touch) for the admin endpoint."""
+        with self._lock:
+            now = self._clock()
+            t = self.table
+            value = t.objects.get(key)
+            if value is None:
+                return (ErrorCode.REPLICA_IS_NOT_READY if key in t.pending else ErrorCode.OBJECT_NOT_FOUND), {}
+            reps = replicas_of(value)
+            return OK, {
+                "key": key, "size": reps[0].size, "bytes": object_bytes(value),
+                "lease_ms_left": int(max(0.0, t.lease_deadline(key, now) - now) * 1000),
+                "hard_pinned": key in t.hard_pins, "soft_pinned": t.soft_pins.get(key, 0.0) > now,
+                "replicas": [{"segment": r.segment.name, "segment_id": r.segment.id, "address": r.address,
+                              "size": r.size, "transport_endpoint": r.segment.te_endpoint} for r in reps],
+            }

@@ -1,0 +1,128 @@
+"""Process helpers shared by the multi-process tests and the benchmark: a master subprocess (the real CLI)
+and client subprocesses (rpc_worker). Children get this interpreter and its sys.path, so they import the
+same code in the source tree, a Bazel runfiles tree or an installed wheel.
+
+Every helper bounds its waits (``timeout``) and cleans up: ``stop`` terminates, then kills after a grace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    """One stdout line of `proc`, or TimeoutError / RuntimeError (the child exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no output from pid {proc.pid} within {timeout} s")
+        ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+        if ready:
+            line = proc.stdout.readline()
+            if line:
+                return line
+            raise RuntimeError(f"pid {proc.pid} exited (rc={proc.wait(5)}) before answering")
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait(5)
+
+
+class MasterProcess:
+    """``python -m mooncake.store.master.cli --port=0 --metrics_port=0 <args>``; parses the bound ports."""
+
+    def __init__(self, *args: str, timeout: float = 30.0) -> None:
+        cmd = [sys.executable, "-m", "mooncake.store.master.cli", "--port=0", "--metrics_port=0",
+               "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1", "--log_level=WARNING", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=child_env())
+        try:
+            line = _readline(self.proc, timeout)
+        except (TimeoutError, RuntimeError) as e:
+            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            _stop(self.proc, 2)
+            raise RuntimeError(f"master did not start: {e}\n{err}") from None
+        m = re.search(r"listening on \S+:(\d+)(?: metrics \S+:(\d+))?", line)
+        if not m:
+            _stop(self.proc, 2)
+            raise RuntimeError(f"unexpected master banner: {line!r}")
+        self.port = int(m.group(1))
+        self.metrics_port = int(m.group(2) or 0)
+        self.address = f"127.0.0.1:{self.port}"
+        self.banner = line
+
+    def stop(self, grace: float = 5.0) -> int:
+        return _stop(self.proc, grace)
+
+    def kill(self) -> int:
+        self.proc.kill()
+        return self.proc.wait(5)
+
+
+class WorkerProcess:
+    """A client process (rpc_worker) driven request by request."""
+
+    def __init__(self, master: str, client_id: str | None = None, timeout: float = 30.0) -> None:
+        cmd = [sys.executable, "-m", "mooncake.store.master.rpc_worker", "--master", master]
+        if client_id:
+            cmd += ["--client_id", client_id]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
+        try:
+            hello = json.loads(_readline(self.proc, timeout))
+        except (TimeoutError, RuntimeError, ValueError):
+            _stop(self.proc, 2)
+            raise
+        self.client_id = hello["client_id"]
+
+    def request(self, req: dict, timeout: float = 60.0) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(_readline(self.proc, timeout))
+
+    def call(self, method: str, timeout: float = 60.0, **fields) -> dict:
+        """The reply dict of one RPC; raises RuntimeError when the RPC itself failed."""
+        out = self.request({"op": "call", "method": method, "fields": fields}, timeout)
+        if not out.get("ok"):
+            raise RuntimeError(out.get("error"))
+        return out["reply"]
+
+    def send(self, req: dict) -> None:
+        """Writes a request without waiting (collect the answer later with ``receive``)."""
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self, timeout: float = 60.0) -> dict:
+        return json.loads(_readline(self.proc, timeout))
+
+    def kill(self) -> None:
+        """SIGKILL: the client dies without unmounting or finishing its puts."""
+        self.proc.kill()
+        self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request({"op": "exit"}, timeout=5)
+            except (OSError, TimeoutError, RuntimeError, ValueError):
+                pass
+        _stop(self.proc, 3)

@@ -1,0 +1,7 @@
+"""`python -m mooncake.tools ...` runs the `mooncake` command (see cli.py)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

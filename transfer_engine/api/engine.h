@@ -1,0 +1,105 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_API_ENGINE_H_
+#define MOONCAKE_TRANSFER_ENGINE_API_ENGINE_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transfer_engine/api/status.h"
+#include "transfer_engine/api/types.h"
+#include "transfer_engine/common/config.h"
+
+namespace mooncake::te {
+
+struct EngineOptions {
+  /// "host" or "host:port". In P2PHANDSHAKE mode the segment name becomes "host:<rpc port>".
+  std::string local_server_name;
+  /// "P2PHANDSHAKE", "http://host:port/metadata", ... (see CreateMetadataBackend).
+  std::string metadata_conn = "P2PHANDSHAKE";
+  /// Preferred protocol ("tcp", "rdma", ...). A protocol this build cannot serve falls back to TCP with a log
+  /// line; MC_FORCE_TCP forces TCP.
+  std::string protocol = "tcp";
+  /// Comma-separated NIC allow-list (empty: all).
+  std::string device_filter;
+  EngineConfig config = EngineConfig::FromEnv();
+};
+
+/// Moves bytes between registered memory of this process and any segment (this or another process, this or
+/// another host), in batches of asynchronous requests.
+///
+/// Threading: every method is thread-safe. Waiting methods block without spinning. Memory passed to
+/// RegisterMemory must stay valid until UnregisterMemory returns (it waits for transfers using it).
+/// Destruction unpublishes this segment, stops all threads and fails transfers still in flight.
+class TransferEngine {
+ public:
+  static StatusOr<std::unique_ptr<TransferEngine>> Create(EngineOptions options);
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  const std::string& segment_name() const;
+  uint16_t rpc_port() const;
+  const EngineConfig& config() const;
+
+  // --- memory ---
+  /// kInvalidArgument (null/zero length), kAddressOverlapped; republishes the segment descriptor.
+  Status RegisterMemory(void* addr, size_t length, const std::string& location = "*", bool remote_accessible = true);
+  /// kAddressNotRegistered when no registration starts at addr. Waits for transfers still using it.
+  Status UnregisterMemory(void* addr);
+  std::vector<BufferInfo> LocalBuffers() const;
+  /// Memory from engine-owned, registered, shareable (memfd) slabs; power-of-two size classes 8 KiB-256 MiB,
+  /// larger requests get their own registration.
+  StatusOr<void*> AllocateManaged(size_t length);
+  Status FreeManaged(void* addr, size_t length);
+
+  // --- segments ---
+  /// kInvalidArgument for an empty name, kNotFound when nothing is published under it. Leading '/' ignored.
+  StatusOr<SegmentHandle> OpenSegment(const std::string& name);
+  Status CloseSegment(SegmentHandle handle);
+  /// The buffers a segment registered (this engine's own, or fetched fresh for a remote one).
+  StatusOr<std::vector<BufferInfo>> GetSegmentBuffers(const std::string& name);
+  /// Drops the cached descriptor and connections of a segment; the next transfer looks it up again.
+  void InvalidateSegment(const std::string& name);
+
+  // --- batches ---
+  StatusOr<BatchId> AllocateBatch(size_t capacity);
+  /// Validates every request first (all-or-nothing): local source inside registered memory, target segment
+  /// known, target range inside one of its buffers, reachable by an installed transport. Then starts them.
+  Status Submit(BatchId batch, const std::vector<TransferRequest>& requests);
+  /// As Submit; `notification` is delivered to the target segment of the first request once every task of
+  /// the batch completed successfully (so for writes the data is in place when it arrives).
+  Status SubmitWithNotify(BatchId batch, const std::vector<TransferRequest>& requests, Notification notification);
+  StatusOr<TransferStatus> GetTaskStatus(BatchId batch, size_t task) const;
+  /// The first error of a failed task (ok otherwise).
+  Status GetTaskError(BatchId batch, size_t task) const;
+  StatusOr<TransferStatus> GetBatchStatus(BatchId batch) const;
+  /// Blocks until every task is terminal or `timeout` passes (then the state is PENDING).
+  StatusOr<TransferStatus> WaitBatch(BatchId batch, std::chrono::nanoseconds timeout) const;
+  /// kBatchBusy while a task is in flight.
+  Status FreeBatch(BatchId batch);
+  /// Frees the handle now even if tasks are in flight; they finish (or time out) in the background.
+  Status ReleaseBatch(BatchId batch);
+
+  // --- control messages ---
+  Status SendNotify(const std::string& segment, const Notification& notification);
+  std::vector<Notification> TakeNotifications();
+  /// ok when the segment's engine answered a probe.
+  Status Probe(const std::string& segment);
+
+  /// Per-transport, per-peer counters (JSON).
+  std::string StatsJson() const;
+  /// This host's NIC priority matrix in Mooncake's JSON shape ({"cpu:N": [[preferred...], [available...]]}),
+  /// restricted to the comma-separated `device_filter` when not empty.
+  static std::string LocalTopologyJson(const std::string& device_filter);
+
+  class Impl;
+
+ private:
+  explicit TransferEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mooncake::te
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_API_ENGINE_H_

@@ -1,0 +1,38 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_COMMON_CONFIG_H_
+#define MOONCAKE_TRANSFER_ENGINE_COMMON_CONFIG_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mooncake::te {
+
+/// Engine settings, read from the MC_* environment variables (Mooncake's names and defaults; see the
+/// README's configuration table). Plain value type.
+struct EngineConfig {
+  std::chrono::seconds transfer_timeout{30};  ///< MC_TRANSFER_TIMEOUT (min 5): a slice in flight longer fails
+  size_t slice_size = 65536;                  ///< MC_SLICE_SIZE (generic slicing; transports may override)
+  size_t tcp_slice_size = 1 << 20;            ///< MC_TCP_SLICE_SIZE
+  int tcp_io_threads = 2;                     ///< MC_TCP_IO_THREADS
+  int tcp_lanes_per_peer = 2;                 ///< MC_TCP_LANES_PER_PEER: connections per peer
+  size_t tcp_max_frame = 64 << 20;            ///< MC_TCP_MAX_FRAME: largest payload one frame may carry
+  bool force_tcp = false;                     ///< MC_FORCE_TCP
+  std::string tcp_bind_address;               ///< MC_TCP_BIND_ADDRESS
+  uint16_t min_rpc_port = 15000;              ///< MC_MIN_RPC_PORT
+  uint16_t max_rpc_port = 17000;              ///< MC_MAX_RPC_PORT
+  bool legacy_rpc_port_binding = false;       ///< MC_LEGACY_RPC_PORT_BINDING: RPC port from local_hostname
+  std::chrono::milliseconds handshake_connect_timeout{5000};  ///< MC_HANDSHAKE_CONNECT_TIMEOUT (seconds)
+  size_t handshake_max_length = 1 << 20;      ///< MC_HANDSHAKE_MAX_LENGTH
+  int handshake_backlog = 128;                ///< MC_HANDSHAKE_LISTEN_BACKLOG
+  std::string metadata_cluster_id;            ///< MC_METADATA_CLUSTER_ID: key namespace
+  bool disable_metacache = false;             ///< MC_DISABLE_METACACHE
+  std::chrono::milliseconds peer_retry_backoff{1000};  ///< MC_PEER_RETRY_BACKOFF_MS: fail-fast window
+
+  /// Reads every variable; malformed values are ignored with a warning naming the variable.
+  static EngineConfig FromEnv();
+};
+
+}  // namespace mooncake::te
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_COMMON_CONFIG_H_

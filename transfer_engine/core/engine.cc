@@ -1,0 +1,612 @@
+#include "transfer_engine/api/engine.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/common/net.h"
+#include "transfer_engine/core/batch.h"
+#include "transfer_engine/core/managed_memory.h"
+#include "transfer_engine/core/memory_registry.h"
+#include "transfer_engine/core/metadata.h"
+#include "transfer_engine/core/rpc.h"
+#include "transfer_engine/core/segment_descriptor.h"
+#include "transfer_engine/core/topology.h"
+#include "transfer_engine/transport/transport.h"
+
+namespace mooncake::te {
+namespace {
+
+std::string Hex(uint64_t v) {
+  std::ostringstream s;
+  s << "0x" << std::hex << v;
+  return s.str();
+}
+
+/// Runs queued jobs on one background thread (notifications that must not block I/O threads).
+class Worker {
+ public:
+  Worker() : thread_([this] { Run(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      auto fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+class TransferEngine::Impl {
+ public:
+  explicit Impl(EngineOptions options) : options_(std::move(options)), config_(options_.config) {}
+  ~Impl() { Shutdown(); }
+
+  Status Init();
+  void Shutdown();
+
+  // State read by the public methods.
+  EngineOptions options_;
+  EngineConfig config_;
+  std::string segment_name_;
+  std::string advertised_ip_;
+  MemoryRegistry memory_;
+  std::unique_ptr<MetadataBackend> metadata_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  RpcServer rpc_;
+  std::unique_ptr<ManagedMemory> managed_;
+  std::unique_ptr<Worker> worker_;
+  bool shut_down_ = false;
+
+  // Segments: handles and the descriptor cache.
+  mutable std::mutex seg_mu_;
+  std::vector<std::string> handle_names_;  // handle h -> name (h >= 1)
+  std::unordered_map<std::string, SegmentHandle> handles_;
+  std::unordered_map<std::string, std::shared_ptr<const SegmentDescriptor>> cache_;
+
+  // Batches.
+  mutable std::mutex batch_mu_;
+  std::unordered_map<BatchId, std::shared_ptr<Batch>> batches_;
+  BatchId next_batch_ = 1;
+
+  // Notifications received.
+  std::mutex notify_mu_;
+  std::vector<Notification> notifications_;
+
+  std::mutex publish_mu_;
+
+  std::string BuildLocalDescriptor() const;
+  Status PublishLocal();
+  StatusOr<std::shared_ptr<const SegmentDescriptor>> Descriptor(const std::string& name, bool refresh);
+  StatusOr<std::string> SegmentNameOf(SegmentHandle h) const;
+  Transport* SelectTransport(const SegmentDescriptor& desc) const;
+  StatusOr<std::shared_ptr<Batch>> FindBatch(BatchId id) const;
+  StatusOr<std::string> HandleRpc(const RpcFrame& frame);
+  Status SubmitImpl(BatchId id, const std::vector<TransferRequest>& requests, const Notification* notify);
+  Status SendNotifyImpl(const std::string& segment, const Notification& n);
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Initialisation
+
+Status TransferEngine::Impl::Init() {
+  if (options_.local_server_name.empty()) return InvalidArgument("local_hostname must not be empty");
+  auto local = net::ParseHostPort(options_.local_server_name);
+  if (!local.ok()) return local.status();
+
+  // Which address peers should use to reach us.
+  if (!config_.tcp_bind_address.empty()) {
+    advertised_ip_ = config_.tcp_bind_address;
+  } else {
+    auto ip = net::ResolveHost(local->host);
+    advertised_ip_ = ip.ok() && net::IsLocalAddress(*ip) && *ip != "0.0.0.0" ? *ip : net::FirstLanIp();
+  }
+
+  auto metadata = CreateMetadataBackend(options_.metadata_conn, config_);
+  if (!metadata.ok()) return metadata.status();
+  metadata_ = std::move(metadata.value());
+
+  bool p2p = metadata_->names_are_rpc_addresses();
+  uint16_t fixed_port = config_.legacy_rpc_port_binding ? local->port : 0;
+  std::string rpc_bind = p2p || config_.legacy_rpc_port_binding ? "0.0.0.0" : "0.0.0.0";
+  MC_RETURN_IF_ERROR(rpc_.Start(rpc_bind, fixed_port, config_.min_rpc_port, config_.max_rpc_port,
+                                config_.handshake_backlog, config_.handshake_max_length,
+                                [this](const RpcFrame& f) { return HandleRpc(f); }));
+  segment_name_ = p2p ? net::HostPort{local->host, rpc_.port()}.ToString() : options_.local_server_name;
+
+  // Transports: everything this build has that fits the requested protocol; TCP as the universal fallback.
+  std::string protocol = config_.force_tcp ? "tcp" : options_.protocol;
+  if (protocol.empty()) protocol = "tcp";
+  auto& registry = TransportRegistry::Get();
+  std::unique_ptr<Transport> t = registry.Create(protocol);
+  if (!t) {
+    std::string known;
+    for (const auto& n : registry.Names()) known += (known.empty() ? "" : ", ") + n;
+    MC_LOG(kWarning) << "protocol '" << protocol << "' is not available in this build (available: " << known
+                     << "); using tcp";
+    t = registry.Create("tcp");
+    if (!t) return Status(ErrorCode::kNotImplemented, "no transport available (built with: " + known + ")");
+  }
+  TransportContext ctx;
+  ctx.config = &config_;
+  ctx.memory = &memory_;
+  ctx.local_segment_name = segment_name_;
+  ctx.advertised_ip = advertised_ip_;
+  MC_RETURN_IF_ERROR(t->Start(ctx));
+  transports_.push_back(std::move(t));
+
+  worker_ = std::make_unique<Worker>();
+  managed_ = std::make_unique<ManagedMemory>(
+      [this](void* addr, size_t len) { return memory_.Register(reinterpret_cast<uint64_t>(addr), len, "*", true); },
+      [this](void* addr) {
+        Status st = memory_.Unregister(reinterpret_cast<uint64_t>(addr), config_.transfer_timeout);
+        (void)st;
+      });
+
+  MC_RETURN_IF_ERROR(metadata_->PublishRpcAddress(segment_name_, net::HostPort{advertised_ip_, rpc_.port()}));
+  Status st = PublishLocal();
+  if (!st.ok()) {
+    Status undo = metadata_->Unpublish(segment_name_);
+    (void)undo;
+    return st;
+  }
+  MC_LOG(kInfo) << "transfer engine '" << segment_name_ << "' ready: rpc " << advertised_ip_ << ":" << rpc_.port()
+                << ", transport " << transports_[0]->name() << ", metadata " << options_.metadata_conn;
+  return Status::Ok();
+}
+
+void TransferEngine::Impl::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (metadata_ && !segment_name_.empty()) {
+    Status st = metadata_->Unpublish(segment_name_);
+    if (!st.ok()) MC_LOG(kWarning) << "could not remove metadata of '" << segment_name_ << "': " << st.message();
+  }
+  rpc_.Stop();
+  for (auto& t : transports_) t->Stop();
+  worker_.reset();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Metadata
+
+std::string TransferEngine::Impl::BuildLocalDescriptor() const {
+  SegmentDescriptor d;
+  d.name = segment_name_;
+  d.protocol = transports_.empty() ? "tcp" : transports_[0]->name();
+  d.json = nlohmann::json::object();
+  for (const auto& t : transports_) t->Describe(d.json);
+  d.json["timestamp"] = std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count());
+  d.json["pid"] = getpid();
+  for (const auto& r : memory_.List()) {
+    if (r.remote_accessible) d.buffers.push_back({r.location, r.start, r.length});
+  }
+  return d.Serialize();
+}
+
+Status TransferEngine::Impl::PublishLocal() {
+  std::lock_guard lock(publish_mu_);
+  return metadata_->PublishSegment(segment_name_, BuildLocalDescriptor());
+}
+
+StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descriptor(const std::string& name,
+                                                                                  bool refresh) {
+  if (!refresh && !config_.disable_metacache) {
+    std::lock_guard lock(seg_mu_);
+    auto it = cache_.find(name);
+    if (it != cache_.end()) return it->second;
+  }
+  StatusOr<std::string> text = name == segment_name_ ? StatusOr<std::string>(BuildLocalDescriptor())
+                                                     : metadata_->FetchSegment(name);
+  if (!text.ok()) {
+    if (text.status().code() == ErrorCode::kNotFound) {
+      return Status(ErrorCode::kNotFound, "unknown segment '" + name + "': " + text.status().message());
+    }
+    return text.status();
+  }
+  auto desc = SegmentDescriptor::Parse(*text);
+  if (!desc.ok()) return Status(desc.status().code(), "segment '" + name + "': " + desc.status().message());
+  auto shared = std::make_shared<const SegmentDescriptor>(std::move(desc.value()));
+  std::lock_guard lock(seg_mu_);
+  cache_[name] = shared;
+  return shared;
+}
+
+StatusOr<std::string> TransferEngine::Impl::SegmentNameOf(SegmentHandle h) const {
+  if (h == kLocalSegment) return segment_name_;
+  std::lock_guard lock(seg_mu_);
+  if (h == kInvalidSegment || h > handle_names_.size()) {
+    return InvalidArgument("unknown segment handle " + std::to_string(h) + " (open the segment first)");
+  }
+  return handle_names_[h - 1];
+}
+
+Transport* TransferEngine::Impl::SelectTransport(const SegmentDescriptor& desc) const {
+  Transport* best = nullptr;
+  for (const auto& t : transports_) {
+    if (!t->CanReach(desc)) continue;
+    if (!best || t->capabilities().priority > best->capabilities().priority) best = t.get();
+  }
+  return best;
+}
+
+StatusOr<std::string> TransferEngine::Impl::HandleRpc(const RpcFrame& frame) {
+  switch (frame.type) {
+    case RpcType::kMetadata: {
+      auto j = nlohmann::json::parse(frame.body, nullptr, false);
+      std::string wanted = j.is_object() ? j.value("segment_name", "") : "";
+      if (!wanted.empty() && wanted != segment_name_) {
+        return NotFound("this engine serves segment '" + segment_name_ + "', not '" + wanted + "'");
+      }
+      return BuildLocalDescriptor();
+    }
+    case RpcType::kNotify: {
+      auto j = nlohmann::json::parse(frame.body, nullptr, false);
+      if (!j.is_object() || !j.contains("name") || !j.contains("notify_msg") || !j["name"].is_string() ||
+          !j["notify_msg"].is_string()) {
+        return Status(ErrorCode::kMalformedJson, "notify needs string fields name and notify_msg");
+      }
+      std::lock_guard lock(notify_mu_);
+      notifications_.push_back({j["name"].get<std::string>(), j["notify_msg"].get<std::string>()});
+      return std::string(R"({"name":"","notify_msg":"success"})");
+    }
+    case RpcType::kProbe:
+      return std::string(R"({"status":"success"})");
+    case RpcType::kConnection:
+      return Status(ErrorCode::kNotImplemented, "connection handshakes are for RDMA, which this engine does not run");
+  }
+  return InvalidArgument("unknown RPC type");
+}
+
+Status TransferEngine::Impl::SendNotifyImpl(const std::string& segment, const Notification& n) {
+  if (segment.empty()) return InvalidArgument("empty segment name");
+  auto rpc = metadata_->ResolveRpcAddress(segment);
+  if (!rpc.ok()) return rpc.status();
+  RpcFrame f;
+  f.type = RpcType::kNotify;
+  f.body = nlohmann::json{{"name", n.name}, {"notify_msg", n.message}}.dump();
+  auto reply = RpcCall(rpc->host, rpc->port, f, config_.handshake_connect_timeout, config_.handshake_max_length);
+  if (!reply.ok()) return reply.status();
+  auto j = nlohmann::json::parse(reply->body, nullptr, false);
+  if (!j.is_object() || j.value("notify_msg", "") != "success") {
+    return Status(ErrorCode::kRejectHandshake, "segment '" + segment + "' refused the notification: " + reply->body);
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Batches
+
+StatusOr<std::shared_ptr<Batch>> TransferEngine::Impl::FindBatch(BatchId id) const {
+  std::lock_guard lock(batch_mu_);
+  auto it = batches_.find(id);
+  if (it == batches_.end()) return InvalidArgument("unknown batch id " + std::to_string(id));
+  return it->second;
+}
+
+Status TransferEngine::Impl::SubmitImpl(BatchId id, const std::vector<TransferRequest>& requests,
+                                        const Notification* notify) {
+  auto batch = FindBatch(id);
+  if (!batch.ok()) return batch.status();
+  Batch& b = **batch;
+  if (b.size() + requests.size() > b.capacity()) {
+    return Status(ErrorCode::kTooManyRequests, "batch " + std::to_string(id) + " has room for " +
+                                                   std::to_string(b.capacity() - b.size()) + " more requests, got " +
+                                                   std::to_string(requests.size()));
+  }
+  // Validate everything before starting anything.
+  struct Plan {
+    const TransferRequest* req;
+    RegionPin pin;
+    std::shared_ptr<const SegmentDescriptor> desc;
+    Transport* transport;
+  };
+  std::vector<Plan> plans;
+  plans.reserve(requests.size());
+  std::string notify_target;
+  for (const auto& r : requests) {
+    if (r.source == nullptr && r.length > 0) return InvalidArgument("request with a null source");
+    auto src = reinterpret_cast<uint64_t>(r.source);
+    RegionPin pin = memory_.Find(src, r.length == 0 ? 1 : r.length, /*remote=*/false);
+    if (!pin) {
+      return Status(ErrorCode::kAddressNotRegistered, "local range [" + Hex(src) + ", +" + std::to_string(r.length) +
+                                                          ") is not inside registered memory (register_memory first)");
+    }
+    auto name = SegmentNameOf(r.target);
+    if (!name.ok()) return name.status();
+    auto desc = Descriptor(*name, /*refresh=*/false);
+    if (!desc.ok()) return desc.status();
+    if (!(*desc)->FindBuffer(r.target_address, r.length == 0 ? 1 : r.length)) {
+      desc = Descriptor(*name, /*refresh=*/true);  // the peer may have registered memory since we cached it
+      if (!desc.ok()) return desc.status();
+      if (!(*desc)->FindBuffer(r.target_address, r.length == 0 ? 1 : r.length)) {
+        return Status(ErrorCode::kAddressNotRegistered,
+                      "target range [" + Hex(r.target_address) + ", +" + std::to_string(r.length) +
+                          ") is not inside any buffer segment '" + *name + "' registered");
+      }
+    }
+    Transport* transport = SelectTransport(**desc);
+    if (!transport) {
+      return Status(ErrorCode::kNotImplemented, "no installed transport can reach segment '" + *name +
+                                                    "' (protocol " + (*desc)->protocol + ")");
+    }
+    if (notify_target.empty()) notify_target = *name;
+    plans.push_back({&r, std::move(pin), std::move(desc.value()), transport});
+  }
+  // Cut into slices and hand them to the transports, grouped per (transport, segment).
+  std::map<std::pair<Transport*, const SegmentDescriptor*>, std::vector<Slice*>> groups;
+  for (auto& p : plans) {
+    auto task = b.AddTask();
+    if (!task.ok()) return task.status();  // cannot happen: capacity checked above
+    const size_t slice = p.transport->slice_size();
+    std::vector<Slice> slices;
+    size_t len = p.req->length;
+    for (size_t off = 0; off < len;) {
+      size_t n = std::min(slice, len - off);
+      if (len - off - n > 0 && len - off - n <= slice / 4) n = len - off;  // merge a short tail
+      Slice s;
+      s.opcode = p.req->opcode;
+      s.local = static_cast<char*>(p.req->source) + off;
+      s.remote = p.req->target_address + off;
+      s.length = n;
+      slices.push_back(s);
+      off += n;
+    }
+    b.StartTask(*task, std::move(slices), std::move(p.pin));
+    auto& group = groups[{p.transport, p.desc.get()}];
+    for (auto& s : (*task)->slices()) group.push_back(&s);
+  }
+  // Registered once the tasks exist, so it fires when they are done (at once if they already are).
+  if (notify) {
+    Notification n = *notify;
+    auto self = this;
+    b.OnFinished([self, n, notify_target](const Batch& done) {
+      if (done.status().state != TransferState::kCompleted) {
+        MC_LOG(kWarning) << "notification to '" << notify_target << "' not sent: the batch failed";
+        return;
+      }
+      self->worker_->Post([self, n, notify_target] {
+        Status st = self->SendNotifyImpl(notify_target, n);
+        if (!st.ok()) MC_LOG(kWarning) << "notification to '" << notify_target << "' failed: " << st.message();
+      });
+    });
+  }
+  for (auto& [key, slices] : groups) key.first->Submit(*key.second, slices);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Public API
+
+TransferEngine::TransferEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TransferEngine::~TransferEngine() = default;
+
+StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(EngineOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  Status st = impl->Init();
+  if (!st.ok()) {
+    impl->Shutdown();
+    return st;
+  }
+  return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
+}
+
+const std::string& TransferEngine::segment_name() const { return impl_->segment_name_; }
+uint16_t TransferEngine::rpc_port() const { return impl_->rpc_.port(); }
+const EngineConfig& TransferEngine::config() const { return impl_->config_; }
+
+Status TransferEngine::RegisterMemory(void* addr, size_t length, const std::string& location, bool remote_accessible) {
+  auto a = reinterpret_cast<uint64_t>(addr);
+  MC_RETURN_IF_ERROR(impl_->memory_.Register(a, length, location, remote_accessible));
+  if (!remote_accessible) return Status::Ok();
+  Status st = impl_->PublishLocal();
+  if (!st.ok()) {
+    Status undo = impl_->memory_.Unregister(a, std::chrono::milliseconds(0));
+    (void)undo;
+  }
+  return st;
+}
+
+Status TransferEngine::UnregisterMemory(void* addr) {
+  MC_RETURN_IF_ERROR(impl_->memory_.Unregister(reinterpret_cast<uint64_t>(addr), impl_->config_.transfer_timeout));
+  return impl_->PublishLocal();
+}
+
+std::vector<BufferInfo> TransferEngine::LocalBuffers() const {
+  std::vector<BufferInfo> out;
+  for (const auto& r : impl_->memory_.List()) out.push_back({r.location, r.start, r.length});
+  return out;
+}
+
+StatusOr<void*> TransferEngine::AllocateManaged(size_t length) {
+  auto p = impl_->managed_->Allocate(length);
+  if (p.ok()) MC_RETURN_IF_ERROR(impl_->PublishLocal());
+  return p;
+}
+
+Status TransferEngine::FreeManaged(void* addr, size_t length) {
+  MC_RETURN_IF_ERROR(impl_->managed_->Free(addr, length));
+  return impl_->PublishLocal();
+}
+
+StatusOr<SegmentHandle> TransferEngine::OpenSegment(const std::string& raw_name) {
+  std::string name = raw_name;
+  while (!name.empty() && name.front() == '/') name.erase(0, 1);
+  if (name.empty()) return InvalidArgument("empty segment name");
+  if (name == impl_->segment_name_) return kLocalSegment;
+  {
+    std::lock_guard lock(impl_->seg_mu_);
+    auto it = impl_->handles_.find(name);
+    if (it != impl_->handles_.end()) return it->second;
+  }
+  auto desc = impl_->Descriptor(name, /*refresh=*/true);
+  if (!desc.ok()) return desc.status();
+  std::lock_guard lock(impl_->seg_mu_);
+  auto [it, inserted] = impl_->handles_.emplace(name, impl_->handle_names_.size() + 1);
+  if (inserted) impl_->handle_names_.push_back(name);
+  return it->second;
+}
+
+Status TransferEngine::CloseSegment(SegmentHandle handle) {
+  auto name = impl_->SegmentNameOf(handle);
+  if (!name.ok()) return name.status();
+  return Status::Ok();  // handles stay valid (cheap); the cache entry is refreshed on demand
+}
+
+StatusOr<std::vector<BufferInfo>> TransferEngine::GetSegmentBuffers(const std::string& name) {
+  if (name.empty()) return InvalidArgument("empty segment name");
+  auto desc = impl_->Descriptor(name, /*refresh=*/true);
+  if (!desc.ok()) return desc.status();
+  std::vector<BufferInfo> out;
+  for (const auto& b : (*desc)->buffers) out.push_back({b.name, b.addr, b.length});
+  return out;
+}
+
+void TransferEngine::InvalidateSegment(const std::string& name) {
+  {
+    std::lock_guard lock(impl_->seg_mu_);
+    impl_->cache_.erase(name);
+  }
+  for (auto& t : impl_->transports_) t->ForgetPeer(name);
+}
+
+StatusOr<BatchId> TransferEngine::AllocateBatch(size_t capacity) {
+  if (capacity == 0) return InvalidArgument("batch capacity must be positive");
+  if (capacity > (1u << 24)) return InvalidArgument("batch capacity " + std::to_string(capacity) + " is too large");
+  auto batch = std::make_shared<Batch>(capacity);
+  std::lock_guard lock(impl_->batch_mu_);
+  BatchId id = impl_->next_batch_++;
+  impl_->batches_.emplace(id, std::move(batch));
+  return id;
+}
+
+Status TransferEngine::Submit(BatchId batch, const std::vector<TransferRequest>& requests) {
+  return impl_->SubmitImpl(batch, requests, nullptr);
+}
+
+Status TransferEngine::SubmitWithNotify(BatchId batch, const std::vector<TransferRequest>& requests,
+                                        Notification notification) {
+  return impl_->SubmitImpl(batch, requests, &notification);
+}
+
+StatusOr<TransferStatus> TransferEngine::GetTaskStatus(BatchId batch, size_t task) const {
+  auto b = impl_->FindBatch(batch);
+  if (!b.ok()) return b.status();
+  if (task >= (*b)->size()) return InvalidArgument("task index " + std::to_string(task) + " out of range");
+  return (*b)->task(task).status();
+}
+
+Status TransferEngine::GetTaskError(BatchId batch, size_t task) const {
+  auto b = impl_->FindBatch(batch);
+  if (!b.ok()) return b.status();
+  if (task >= (*b)->size()) return InvalidArgument("task index " + std::to_string(task) + " out of range");
+  return (*b)->task(task).error();
+}
+
+StatusOr<TransferStatus> TransferEngine::GetBatchStatus(BatchId batch) const {
+  auto b = impl_->FindBatch(batch);
+  if (!b.ok()) return b.status();
+  return (*b)->status();
+}
+
+StatusOr<TransferStatus> TransferEngine::WaitBatch(BatchId batch, std::chrono::nanoseconds timeout) const {
+  auto b = impl_->FindBatch(batch);
+  if (!b.ok()) return b.status();
+  (*b)->WaitUntil(std::chrono::steady_clock::now() + timeout);
+  return (*b)->status();
+}
+
+Status TransferEngine::FreeBatch(BatchId batch) {
+  std::lock_guard lock(impl_->batch_mu_);
+  auto it = impl_->batches_.find(batch);
+  if (it == impl_->batches_.end()) return InvalidArgument("unknown batch id " + std::to_string(batch));
+  if (!it->second->finished()) return Status(ErrorCode::kBatchBusy, "batch " + std::to_string(batch) + " is busy");
+  impl_->batches_.erase(it);
+  return Status::Ok();
+}
+
+Status TransferEngine::ReleaseBatch(BatchId batch) {
+  std::lock_guard lock(impl_->batch_mu_);
+  if (impl_->batches_.erase(batch) == 0) return InvalidArgument("unknown batch id " + std::to_string(batch));
+  return Status::Ok();
+}
+
+Status TransferEngine::SendNotify(const std::string& segment, const Notification& notification) {
+  return impl_->SendNotifyImpl(segment, notification);
+}
+
+std::vector<Notification> TransferEngine::TakeNotifications() {
+  std::lock_guard lock(impl_->notify_mu_);
+  std::vector<Notification> out;
+  out.swap(impl_->notifications_);
+  return out;
+}
+
+Status TransferEngine::Probe(const std::string& segment) {
+  if (segment.empty()) return InvalidArgument("empty segment name");
+  auto rpc = impl_->metadata_->ResolveRpcAddress(segment);
+  if (!rpc.ok()) return rpc.status();
+  RpcFrame f;
+  f.type = RpcType::kProbe;
+  f.body = "{}";
+  auto reply = RpcCall(rpc->host, rpc->port, f, impl_->config_.handshake_connect_timeout,
+                       impl_->config_.handshake_max_length);
+  if (!reply.ok()) return reply.status();
+  auto j = nlohmann::json::parse(reply->body, nullptr, false);
+  if (!j.is_object() || j.value("status", "") != "success") {
+    return Status(ErrorCode::kRejectHandshake, "unexpected probe reply from '" + segment + "': " + reply->body);
+  }
+  return Status::Ok();
+}
+
+std::string TransferEngine::StatsJson() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& t : impl_->transports_) j[t->name()] = t->Stats();
+  return j.dump();
+}
+
+std::string TransferEngine::LocalTopologyJson(const std::string& device_filter) {
+  return DiscoverTopologyJson(device_filter);
+}
+
+}  // namespace mooncake::te

@@ -1,0 +1,60 @@
+#include "transfer_engine/core/segment_descriptor.h"
+
+namespace mooncake::te {
+
+StatusOr<SegmentDescriptor> SegmentDescriptor::Parse(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  auto bad = [](const std::string& why) {
+    return Status(ErrorCode::kMalformedJson, "corrupted segment descriptor: " + why);
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  SegmentDescriptor d;
+  auto name = j.find("name");
+  auto protocol = j.find("protocol");
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return bad("missing name");
+  if (protocol == j.end() || !protocol->is_string()) return bad("missing protocol");
+  d.name = name->get<std::string>();
+  d.protocol = protocol->get<std::string>();
+  auto buffers = j.find("buffers");
+  if (buffers != j.end()) {
+    if (!buffers->is_array()) return bad("buffers is not a list");
+    for (const auto& b : *buffers) {
+      if (!b.is_object()) return bad("buffer is not an object");
+      BufferDescriptor bd;
+      auto bn = b.find("name");
+      auto ba = b.find("addr");
+      auto bl = b.find("length");
+      if (bn == b.end() || !bn->is_string() || bn->get<std::string>().empty()) return bad("buffer without name");
+      if (ba == b.end() || !ba->is_number_unsigned() || bl == b.end() || !bl->is_number_unsigned()) {
+        return bad("buffer without addr/length");
+      }
+      bd.name = bn->get<std::string>();
+      bd.addr = ba->get<uint64_t>();
+      bd.length = bl->get<uint64_t>();
+      if (bd.addr == 0 || bd.length == 0 || bd.addr + bd.length < bd.addr) return bad("buffer with bad range");
+      d.buffers.push_back(std::move(bd));
+    }
+  }
+  d.json = std::move(j);
+  return d;
+}
+
+std::string SegmentDescriptor::Serialize() const {
+  nlohmann::json j = json.is_object() ? json : nlohmann::json::object();
+  j["name"] = name;
+  j["protocol"] = protocol;
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& b : buffers) list.push_back({{"name", b.name}, {"addr", b.addr}, {"length", b.length}});
+  j["buffers"] = std::move(list);
+  return j.dump();
+}
+
+const BufferDescriptor* SegmentDescriptor::FindBuffer(uint64_t addr, uint64_t len) const {
+  if (addr + len < addr) return nullptr;
+  for (const auto& b : buffers) {
+    if (addr >= b.addr && addr + len <= b.addr + b.length) return &b;
+  }
+  return nullptr;
+}
+
+}  // namespace mooncake::te

@@ -1,0 +1,25 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_CORE_TOPOLOGY_H_
+#define MOONCAKE_TRANSFER_ENGINE_CORE_TOPOLOGY_H_
+
+#include <string>
+#include <vector>
+
+namespace mooncake::te {
+
+struct NicInfo {
+  std::string name;
+  std::string ipv4;
+  int numa_node = 0;
+  int speed_mbps = -1;  ///< -1 when the driver does not report it (veth, lo)
+};
+
+/// Network interfaces that are up and have an IPv4 address, loopback excluded; `filter` is a comma-separated
+/// allow-list (empty: all). Read from /sys/class/net and getifaddrs.
+std::vector<NicInfo> DiscoverNics(const std::string& filter);
+
+/// Mooncake's priority matrix ({"cpu:N": [[NICs on node N], [other NICs]]}) for this host's NUMA nodes.
+std::string DiscoverTopologyJson(const std::string& filter);
+
+}  // namespace mooncake::te
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_CORE_TOPOLOGY_H_

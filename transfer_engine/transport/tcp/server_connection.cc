@@ -1,0 +1,209 @@
+#include "transfer_engine/transport/tcp/server_connection.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/common/net.h"
+
+namespace mooncake::te::tcp {
+namespace {
+constexpr int kMaxIov = 64;
+constexpr size_t kDiscardChunk = 64 << 10;
+constexpr size_t kMaxQueuedResponses = 4096;  // stop reading requests while this many answers wait
+}  // namespace
+
+ServerConnection::ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* memory, uint64_t max_frame,
+                                   std::function<void(ServerConnection*)> on_close)
+    : fd_(fd), loop_(loop), memory_(memory), max_frame_(max_frame), on_close_(std::move(on_close)) {
+  peer_ = net::PeerName(fd);
+}
+
+ServerConnection::~ServerConnection() {
+  if (fd_ >= 0) close(fd_);
+}
+
+Status ServerConnection::Register() { return loop_->Add(fd_, EPOLLIN, this); }
+
+void ServerConnection::Close(const std::string& why) {
+  if (fd_ < 0) return;
+  if (!why.empty()) MC_LOG(kWarning) << "closing data connection from " << peer_ << ": " << why;
+  loop_->Remove(fd_);
+  close(fd_);
+  fd_ = -1;
+  out_.clear();
+  write_pin_.reset();
+  if (on_close_) on_close_(this);
+}
+
+void ServerConnection::OnEvents(uint32_t events) {
+  if (fd_ < 0) return;
+  // Requests may sit in rbuf_ while reading paused on a full answer queue: keep going until the socket
+  // is drained or answers are backed up behind a full send buffer (then EPOLLOUT resumes us).
+  do {
+    if (!ReadRequests() || !Flush()) return;
+  } while (paused_ && out_.empty());
+  if ((events & (EPOLLERR | EPOLLHUP)) && !(events & EPOLLIN)) Close("");
+}
+
+void ServerConnection::QueueResponse(FrameStatus status, uint64_t seq, const char* payload, size_t len,
+                                     RegionPin pin) {
+  Out o;
+  ResponseHeader h;
+  h.status = status;
+  h.seq = seq;
+  h.length = len;
+  EncodeResponse(h, o.header);
+  o.payload = payload;
+  o.payload_len = len;
+  o.pin = std::move(pin);
+  out_.push_back(std::move(o));
+}
+
+bool ServerConnection::ReadRequests() {
+  paused_ = false;
+  while (fd_ >= 0) {
+    if (out_.size() >= kMaxQueuedResponses) {
+      paused_ = true;
+      break;
+    }
+    if (write_left_ > 0) {
+      size_t buffered = rend_ - rstart_;
+      size_t got = 0;
+      if (buffered > 0) {
+        got = std::min(buffered, write_left_);
+        if (write_dst_) memcpy(write_dst_, rbuf_ + rstart_, got);
+        rstart_ += got;
+      } else {
+        char* dst = write_dst_;
+        size_t want = write_left_;
+        if (!dst) {
+          if (!discard_) discard_.reset(new char[kDiscardChunk]);
+          dst = discard_.get();
+          want = std::min(want, kDiscardChunk);
+        }
+        ssize_t n = recv(fd_, dst, want, MSG_DONTWAIT);
+        if (n == 0) {
+          Close("peer closed the connection in the middle of a frame");
+          return false;
+        }
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+          if (errno == EINTR) continue;
+          Close(std::string("recv: ") + strerror(errno));
+          return false;
+        }
+        got = static_cast<size_t>(n);
+      }
+      if (write_dst_) write_dst_ += got;
+      write_left_ -= got;
+      if (write_left_ == 0) {
+        // The payload is in place: only now acknowledge it.
+        QueueResponse(write_pin_ ? FrameStatus::kOk : FrameStatus::kAddressRejected, write_seq_, nullptr, 0,
+                      nullptr);
+        write_pin_.reset();
+        write_dst_ = nullptr;
+      }
+      continue;
+    }
+    RequestHeader h;
+    ParseResult r = DecodeRequest(rbuf_ + rstart_, rend_ - rstart_, max_frame_, &h);
+    if (r == ParseResult::kNeedMore) {
+      if (rstart_ == rend_) rstart_ = rend_ = 0;
+      if (sizeof(rbuf_) - rend_ < kRequestHeaderSize) {
+        memmove(rbuf_, rbuf_ + rstart_, rend_ - rstart_);
+        rend_ -= rstart_;
+        rstart_ = 0;
+      }
+      ssize_t n = recv(fd_, rbuf_ + rend_, sizeof(rbuf_) - rend_, MSG_DONTWAIT);
+      if (n == 0) {
+        Close(rend_ > rstart_ ? "peer closed the connection in the middle of a frame header" : "");
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        if (errno == EINTR) continue;
+        Close(std::string("recv: ") + strerror(errno));
+        return false;
+      }
+      rend_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (r != ParseResult::kOk) {
+      Close(std::string("malformed request frame: ") + ParseResultName(r));
+      return false;
+    }
+    rstart_ += kRequestHeaderSize;
+    RegionPin pin = memory_->Find(h.addr, h.length, /*remote=*/true);
+    if (h.op == FrameOp::kWrite) {
+      write_seq_ = h.seq;
+      write_left_ = h.length;
+      write_pin_ = pin;
+      write_dst_ = pin ? reinterpret_cast<char*>(h.addr) : nullptr;
+      if (!pin) MC_LOG(kDebug) << "rejected WRITE from " << peer_ << " outside registered memory";
+      if (h.length == 0) {
+        QueueResponse(pin ? FrameStatus::kOk : FrameStatus::kAddressRejected, h.seq, nullptr, 0, nullptr);
+        write_pin_.reset();
+      }
+    } else if (pin) {
+      QueueResponse(FrameStatus::kOk, h.seq, reinterpret_cast<const char*>(h.addr), h.length, std::move(pin));
+    } else {
+      MC_LOG(kDebug) << "rejected READ from " << peer_ << " outside registered memory";
+      QueueResponse(FrameStatus::kAddressRejected, h.seq, nullptr, 0, nullptr);
+    }
+  }
+  return fd_ >= 0;
+}
+
+bool ServerConnection::Flush() {
+  while (!out_.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (size_t i = 0; i < out_.size() && n + 2 <= kMaxIov; ++i) {
+      Out& o = out_[i];
+      size_t off = o.sent;
+      if (off < kResponseHeaderSize) {
+        iov[n++] = {o.header + off, kResponseHeaderSize - off};
+        off = kResponseHeaderSize;
+      }
+      size_t poff = off - kResponseHeaderSize;
+      if (poff < o.payload_len) iov[n++] = {const_cast<char*>(o.payload) + poff, o.payload_len - poff};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      Close(std::string("send: ") + strerror(errno));
+      return false;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !out_.empty()) {
+      Out& o = out_.front();
+      size_t need = kResponseHeaderSize + o.payload_len - o.sent;
+      size_t take = std::min(need, left);
+      o.sent += take;
+      left -= take;
+      if (o.sent == kResponseHeaderSize + o.payload_len) out_.pop_front();
+    }
+  }
+  bool want_write = !out_.empty();
+  if (want_write != want_write_) {
+    want_write_ = want_write;
+    // While answers are backed up, stop reading new requests (the client pipelines; it waits).
+    uint32_t ev = want_write ? EPOLLOUT : EPOLLIN;
+    if (want_write && out_.size() < kMaxQueuedResponses) ev |= EPOLLIN;
+    Status st = loop_->Modify(fd_, ev, this);
+    if (!st.ok()) MC_LOG(kWarning) << "data connection from " << peer_ << ": " << st.message();
+  }
+  return true;
+}
+
+}  // namespace mooncake::te::tcp

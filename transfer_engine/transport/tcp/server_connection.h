@@ -1,0 +1,67 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TCP_SERVER_CONNECTION_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TCP_SERVER_CONNECTION_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "transfer_engine/core/memory_registry.h"
+#include "transfer_engine/transport/tcp/io_loop.h"
+#include "transfer_engine/transport/tcp/wire.h"
+
+namespace mooncake::te::tcp {
+
+/// The target side of one data connection: reads request frames, checks every range against the memory
+/// registered for remote access, receives WRITE payloads straight into place and acknowledges them after
+/// they landed, sends READ payloads straight from memory. A malformed frame closes the connection (logged);
+/// a rejected range is answered with kAddressRejected and the connection lives on.
+///
+/// Threading: used only on its loop's thread. Owned by the transport; `on_close` is called (on the loop
+/// thread) once the socket is closed, after which the owner deletes it.
+class ServerConnection : public EventHandler {
+ public:
+  ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* memory, uint64_t max_frame,
+                   std::function<void(ServerConnection*)> on_close);
+  ~ServerConnection() override;
+
+  Status Register();
+  void OnEvents(uint32_t events) override;
+  /// Closes the socket (from the loop thread, or after the loop stopped).
+  void Close(const std::string& why);
+
+ private:
+  struct Out {
+    uint8_t header[kResponseHeaderSize];
+    const char* payload = nullptr;
+    size_t payload_len = 0;
+    size_t sent = 0;
+    RegionPin pin;  // keeps a READ source registered until it is sent
+  };
+
+  bool ReadRequests();  // false when the connection was closed
+  bool Flush();
+  void QueueResponse(FrameStatus status, uint64_t seq, const char* payload, size_t len, RegionPin pin);
+
+  int fd_;
+  IoLoop* loop_;
+  const MemoryRegistry* memory_;
+  uint64_t max_frame_;
+  std::function<void(ServerConnection*)> on_close_;
+  std::string peer_;
+  uint8_t rbuf_[16384];
+  size_t rstart_ = 0, rend_ = 0;
+  // WRITE payload being received.
+  size_t write_left_ = 0;
+  uint64_t write_seq_ = 0;
+  char* write_dst_ = nullptr;  // null while discarding a rejected payload
+  RegionPin write_pin_;
+  std::unique_ptr<char[]> discard_;
+  std::deque<Out> out_;
+  bool want_write_ = false;
+  bool paused_ = false;  // reading stopped because kMaxQueuedResponses answers wait
+};
+
+}  // namespace mooncake::te::tcp
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TCP_SERVER_CONNECTION_H_
