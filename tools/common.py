@@ -85,7 +85,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> st
 
 
 def _looks_numeric(cell: str) -> bool:
-    text = cell.replace(",", "").replace("%", "").replace("x", "").strip()
+    text = cell.replace(",", "").replace("%", "").strip()
     if text in ("", "-", "inf", "unbounded"):
         return True
     try:

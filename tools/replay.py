@@ -44,7 +44,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .cache import LRUCache
 from .common import (Progress, ToolError, format_table, parse_count, parse_positive_float, percentile,
@@ -79,15 +79,17 @@ class ClusterConfig:
     seed: int = 0
 
     def validate(self, block_size: int) -> None:
-        """Raises ToolError for a non-positive count, rate or capacity (caches need at least one block)."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("early_rejection", "seed", "prefill_a", "prefill_b", "decode_step_s", "decode_ctx_s"):
-                if isinstance(value, float) and (value < 0 or not math.isfinite(value)):
-                    raise ToolError(f"{f.name} must be a finite number >= 0, got {value}")
-                continue
-            if not value or value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
-                raise ToolError(f"{f.name} must be > 0, got {value}")
+        """Raises ToolError unless counts, rates, capacities and SLOs are > 0, time coefficients are >= 0, the
+        balance threshold is >= 1 and a node cache holds at least one block."""
+        for name in ("prefill_nodes", "decode_nodes", "bytes_per_token", "bandwidth_gbps", "node_cache_tokens",
+                     "decode_batch", "decode_kv_tokens", "ttft_slo_s", "tbt_slo_s", "speed"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ToolError(f"{name} must be > 0, got {value}")
+        for name in ("prefill_a", "prefill_b", "decode_step_s", "decode_ctx_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ToolError(f"{name} must be a finite number >= 0, got {value}")
         if self.balance_threshold < 1:
             raise ToolError(f"balance threshold must be >= 1, got {self.balance_threshold}")
         if self.node_cache_tokens < block_size:
@@ -108,6 +110,22 @@ class ClusterConfig:
         return self.decode_step_s + self.decode_ctx_s * context_tokens
 
 
+class _Plan(NamedTuple):
+    """Where and how a request would be prefilled: `fetched_blocks` come from instance `source` first."""
+
+    instance: int
+    local_blocks: int
+    fetched_blocks: int
+    source: Optional[int]
+    transfer_s: float
+    prefill_s: float
+    queue_s: float
+
+    @property
+    def ttft_s(self) -> float:
+        return self.queue_s + self.transfer_s + self.prefill_s
+
+
 @dataclass
 class _Prefill:
     cache: LRUCache
@@ -118,13 +136,13 @@ class _Prefill:
 
 @dataclass
 class _Active:
-    join_steps: float
+    """A request in a decode batch: its first step segment, its share of `context0`, its reserved KV tokens and
+    how long it waited between its first token and joining the batch."""
+
     first_segment: int
-    target_steps: float
     context0: float
     reserved: int
     wait_s: float
-    first_token_s: float
 
 
 @dataclass
@@ -188,8 +206,8 @@ class _Decode:
     def admit(self, req: int, input_len: int, output_len: int, now: float, first_token_s: float) -> None:
         """Adds a request to the batch at `now` (call advance(now) first)."""
         target = self.steps + (output_len - 1)
-        self.active[req] = _Active(self.steps, len(self.seg_tau), target, input_len - self.steps,
-                                   input_len + output_len, now - first_token_s, first_token_s)
+        self.active[req] = _Active(len(self.seg_tau), input_len - self.steps, input_len + output_len,
+                                   now - first_token_s)
         self.context0 += input_len - self.steps
         self.reserved += input_len + output_len
         heapq.heappush(self.finish_heap, (target, req))
@@ -296,14 +314,14 @@ class _Simulation:
         heapq.heappush(self.events, (time, self.seq, kind, data))
 
     # -- scheduling ---------------------------------------------------------------------------------------------
-    def choose_prefill(self, i: int, now: float) -> tuple:
-        """Returns (instance, local blocks, fetched blocks, source instance, transfer s, prefill s, queue s)."""
+    def choose_prefill(self, i: int, now: float) -> _Plan:
+        """The prefill plan of request i under the scheduler (see module docstring)."""
         trace, cfg, ids, n = self.trace, self.cfg, self.trace.hash_ids[i], self.trace.input_lengths[i]
         queue = [max(0.0, p.busy_until - now) for p in self.prefill]
 
-        def local_plan(k: int, local: Optional[int] = None) -> tuple:
+        def local_plan(k: int, local: Optional[int] = None) -> _Plan:
             local = self.prefill[k].cache.prefix_len(ids) if local is None else local
-            return (k, local, 0, None, 0.0, cfg.prefill_time(n, trace.block_tokens(i, local)), queue[k])
+            return _Plan(k, local, 0, None, 0.0, cfg.prefill_time(n, trace.block_tokens(i, local)), queue[k])
 
         if self.scheduler == "random":
             return local_plan(self.rng.randrange(len(self.prefill)))
@@ -316,9 +334,10 @@ class _Simulation:
             for k in range(len(local)):
                 if local[best] > local[k] and (local[k] == 0 or local[best] / local[k] > cfg.balance_threshold):
                     have, want = trace.block_tokens(i, local[k]), trace.block_tokens(i, local[best])
-                    plans[k] = (k, local[k], local[best] - local[k], best, cfg.transfer_time(want - have),
-                                cfg.prefill_time(n, want), queue[k])
-        return min(plans, key=lambda p: (p[6] + p[4] + p[5], -(p[1] + p[2]), self.prefill[p[0]].requests, p[0]))
+                    plans[k] = _Plan(k, local[k], local[best] - local[k], best, cfg.transfer_time(want - have),
+                                     cfg.prefill_time(n, want), queue[k])
+        return min(plans, key=lambda p: (p.ttft_s, -(p.local_blocks + p.fetched_blocks),
+                                         self.prefill[p.instance].requests, p.instance))
 
     def choose_decode(self, i: int, now: float) -> tuple:
         """Returns (instance, predicted step time)."""
@@ -328,16 +347,18 @@ class _Simulation:
 
     def on_arrival(self, i: int, now: float) -> None:
         cfg, trace = self.cfg, self.trace
-        k, local, fetched, source, transfer, prefill, queue = self.choose_prefill(i, now)
+        plan = self.choose_prefill(i, now)
+        k, local, fetched, transfer, prefill = (plan.instance, plan.local_blocks, plan.fetched_blocks,
+                                                plan.transfer_s, plan.prefill_s)
         d, step = self.choose_decode(i, now)
-        if cfg.early_rejection and (queue + transfer + prefill > cfg.ttft_slo_s or step > cfg.tbt_slo_s):
+        if cfg.early_rejection and (plan.ttft_s > cfg.ttft_slo_s or step > cfg.tbt_slo_s):
             self.rejected[i] = True
             return
         ids = trace.hash_ids[i]
         node = self.prefill[k]
         node.cache.access(ids[:local])
         if fetched:
-            self.prefill[source].cache.access(ids[:local + fetched])
+            self.prefill[plan.source].cache.access(ids[:local + fetched])
         start = max(now, node.busy_until)
         node.busy_until = start + transfer + prefill
         node.busy_s += transfer + prefill
@@ -570,11 +591,11 @@ def run(args) -> int:
     """Executes `mooncake replay`: tables (default) or a JSON list of ReplayResult.to_json() objects."""
     policies = split_choices(args.policy, SCHEDULERS, "--policy")
     cfg = config_from_args(args)
+    limit = None if args.max_requests is None else parse_count(args.max_requests, "--max-requests")
     trace = merge_traces(load_trace_args(args))
-    if args.max_requests is not None:
+    if limit is not None:
         order = sorted(range(len(trace)), key=lambda i: trace.timestamps_ms[i])
-        trace = trace.subset(order[:parse_count(args.max_requests, "--max-requests")])
-    cfg.validate(trace.block_size)
+        trace = trace.subset(order[:limit])
     results = []
     for policy in policies:
         bar = Progress(f"[replay {len(results) + 1}/{len(policies)}] {trace.name} {policy}", len(trace),

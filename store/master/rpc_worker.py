@@ -10,7 +10,9 @@ one request, answered by exactly one stdout line, in order:
         -> {"ok": true, "items": n, "rpcs": n, "elapsed": s, "errors": {code: n}}
      K: "put" (PutStart+PutEnd per key), "batch_put" (BatchPutStart+BatchPutEnd of B keys), "get"
         (GetReplicaList of keys P0..P{N-1}, cycling), "batch_get", "exist", "put_get_remove" (a full cycle
-        per key: PutStart, PutEnd, GetReplicaList, Remove(force)), "echo" (GetServiceInfo: the RPC floor).
+        per key: PutStart, PutEnd, GetReplicaList, Remove(force)), "info" (GetServiceInfo: no store work).
+  {"op": "echo", "address": A, "seconds": T, "payload": N} -> like "loop": a plain gRPC echo (bytes in, same
+        bytes out, no protobuf) against bench.py's echo server at A: the gRPC round-trip floor.
   {"op": "exit"}                                          -> {"ok": true}, then the process exits
 Errors (a gRPC failure, bad request) are answered {"ok": false, "error": "..."}; the process keeps going.
 The first line written is {"ready": true, "client_id": ...} once the channel is connected.
@@ -23,6 +25,7 @@ import json
 import sys
 import time
 
+import grpc
 
 from mooncake.store.master.master_client import MasterClient, segment
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -103,7 +106,7 @@ def run_loop(client: MasterClient, kind: str, prefix: str, size: int, count: int
             rpcs += 1
             items += batch
             i += batch - 1
-        elif kind == "echo":
+        elif kind == "info":
             note(call("GetServiceInfo").code)
             rpcs += 1
             items += 1
@@ -114,8 +117,27 @@ def run_loop(client: MasterClient, kind: str, prefix: str, size: int, count: int
             "errors": {str(k): v for k, v in errors.items()}}
 
 
+ECHO_METHOD = "/mooncake.bench.Echo/Echo"
+
+
+def run_echo(address: str, seconds: float, payload: int) -> dict:
+    with grpc.insecure_channel(address) as channel:
+        echo = channel.unary_unary(ECHO_METHOD)  # no serializers: bytes in, bytes out
+        body = b"x" * payload
+        n = 0
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            if echo(body, timeout=20) != body:
+                raise RuntimeError("echo returned different bytes")
+            n += 1
+        return {"items": n, "rpcs": n, "elapsed": time.perf_counter() - t0, "errors": {}}
+
+
 def handle(client: MasterClient, req: dict) -> dict:
     op = req.get("op")
+    if op == "echo":
+        return {"ok": True, **run_echo(req["address"], float(req.get("seconds", 1)), int(req.get("payload", 16)))}
     if op == "call":
         method = req["method"]
         return {"ok": True, "reply": to_dict(client.call(method, **_build(method, req.get("fields", {}))))}

@@ -210,11 +210,22 @@ def test_stuck_put_is_revoked_and_space_reclaimed(clock):
     assert svc.get_replica_list("k")[0] == E.OBJECT_NOT_FOUND  # no key stuck in PROCESSING
     assert svc.segments.used == 256 * KiB  # held: the writer might still be writing
     assert svc.put_start("w2", "k", 4 * KiB)[0] == E.OK  # a new writer may proceed
-    assert svc.put_end("w", "k") == E.ILLEGAL_CLIENT  # the late writer cannot commit the new put
     clock.advance(600)
     svc.tick()
     assert svc.segments.used == 4 * KiB  # first put's buffers released; the second (stuck too) is held now
     assert svc.metrics.revoked_puts.labels(reason="timeout")._value.get() == 2
+
+
+def test_late_writer_cannot_commit_over_a_new_put(clock):
+    svc = make(clock)
+    svc.put_start("w", "k", 64 * KiB)
+    clock.advance(31)
+    svc.tick()
+    assert svc.put_start("w2", "k", 4 * KiB)[0] == E.OK
+    assert svc.put_end("w", "k") == E.OBJECT_NOT_FOUND  # its own put is gone; its held buffers are freed
+    assert svc.segments.used == 4 * KiB
+    assert svc.put_end("w", "k") == E.ILLEGAL_CLIENT  # and the new writer's put is not its to end
+    assert svc.put_end("w2", "k") == E.OK
 
 
 def test_late_writer_end_frees_held_buffers(clock):

@@ -23,7 +23,7 @@ def child_env() -> dict:
     return env
 
 
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
     """One stdout line of `proc`, or TimeoutError / RuntimeError (the child exited)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -38,7 +38,7 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
             raise RuntimeError(f"pid {proc.pid} exited (rc={proc.wait(5)}) before answering")
 
 
-def _stop(proc: subprocess.Popen, grace: float) -> int:
+def stop_process(proc: subprocess.Popen, grace: float) -> int:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -57,14 +57,14 @@ class MasterProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=child_env())
         try:
-            line = _readline(self.proc, timeout)
+            line = read_line(self.proc, timeout)
         except (TimeoutError, RuntimeError) as e:
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            _stop(self.proc, 2)
+            stop_process(self.proc, 2)
             raise RuntimeError(f"master did not start: {e}\n{err}") from None
         m = re.search(r"listening on \S+:(\d+)(?: metrics \S+:(\d+))?", line)
         if not m:
-            _stop(self.proc, 2)
+            stop_process(self.proc, 2)
             raise RuntimeError(f"unexpected master banner: {line!r}")
         self.port = int(m.group(1))
         self.metrics_port = int(m.group(2) or 0)
@@ -72,7 +72,7 @@ class MasterProcess:
         self.banner = line
 
     def stop(self, grace: float = 5.0) -> int:
-        return _stop(self.proc, grace)
+        return stop_process(self.proc, grace)
 
     def kill(self) -> int:
         self.proc.kill()
@@ -88,16 +88,16 @@ class WorkerProcess:
             cmd += ["--client_id", client_id]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
         try:
-            hello = json.loads(_readline(self.proc, timeout))
+            hello = json.loads(read_line(self.proc, timeout))
         except (TimeoutError, RuntimeError, ValueError):
-            _stop(self.proc, 2)
+            stop_process(self.proc, 2)
             raise
         self.client_id = hello["client_id"]
 
     def request(self, req: dict, timeout: float = 60.0) -> dict:
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        return json.loads(_readline(self.proc, timeout))
+        return json.loads(read_line(self.proc, timeout))
 
     def call(self, method: str, timeout: float = 60.0, **fields) -> dict:
         """The reply dict of one RPC; raises RuntimeError when the RPC itself failed."""
@@ -112,7 +112,7 @@ class WorkerProcess:
         self.proc.stdin.flush()
 
     def receive(self, timeout: float = 60.0) -> dict:
-        return json.loads(_readline(self.proc, timeout))
+        return json.loads(read_line(self.proc, timeout))
 
     def kill(self) -> None:
         """SIGKILL: the client dies without unmounting or finishing its puts."""
@@ -125,4 +125,4 @@ class WorkerProcess:
                 self.request({"op": "exit"}, timeout=5)
             except (OSError, TimeoutError, RuntimeError, ValueError):
                 pass
-        _stop(self.proc, 3)
+        stop_process(self.proc, 3)

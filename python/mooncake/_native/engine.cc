@@ -79,7 +79,8 @@ void RegisterEngine(nb::module_& m) {
 
   nb::class_<InnerTransferEngine>(m, "InnerTransferEngine");
 
-  auto engine = nb::class_<PyTransferEngine>(m, "TransferEngine",
+  nb::class_<CompatEngine>(m, "_EngineBase");
+  auto engine = nb::class_<PyTransferEngine, CompatEngine>(m, "TransferEngine",
       "Moves bytes between registered memory of processes and hosts (Mooncake's API). Methods return 0 on\n"
       "success and a negative error code on failure; the reason is logged (MC_LOG_LEVEL).");
   engine.attr("TransferOpcode") = m.attr("TransferOpcode");

@@ -1,0 +1,1 @@
+"""Test utilities shared by the component test suites (not part of the public API)."""
