@@ -4,8 +4,8 @@ Usage:
   build_wheel.py --out FILE.whl --name DIST --version V --tag cp311-cp311-linux_x86_64
                  [--summary TEXT] [--requires REQ ...] [--console-script NAME=module:func ...]
                  [--readme README.md] DEST=SRC ...
-DEST is the path inside the wheel (e.g. mooncake/engine.py); SRC a file, or a directory copied recursively
-(only *.py files, tests excluded) when DEST ends with '/'.
+DEST is the path inside the wheel (e.g. mooncake/engine.py); SRC a file, or, when DEST ends with '/', a file
+whose path is kept relative to the directory given by --strip (repeatable, so a whole package maps in one go).
 """
 
 import argparse
@@ -23,19 +23,17 @@ def _record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
-def _expand(mapping: str):
+def _expand(mapping: str, strip: str):
     dest, _, src = mapping.partition("=")
     if not src:
         raise SystemExit(f"bad mapping {mapping!r}: expected DEST=SRC")
     if not dest.endswith("/"):
         yield dest, src
         return
-    for root, _dirs, files in os.walk(src):
-        for f in files:
-            if not f.endswith(".py") or f.endswith("_test.py"):
-                continue
-            full = os.path.join(root, f)
-            yield dest + os.path.relpath(full, src), full
+    rel = os.path.relpath(src, strip) if strip else os.path.basename(src)
+    if rel.startswith(".."):
+        raise SystemExit(f"{src} is not under --strip {strip}")
+    yield dest + rel, src
 
 
 def main(argv=None) -> int:
@@ -47,7 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--summary", default="")
     p.add_argument("--readme")
     p.add_argument("--requires", action="append", default=[])
+    p.add_argument("--extra", action="append", default=[], help="optional-dependency group names")
     p.add_argument("--console-script", action="append", default=[])
+    p.add_argument("--strip", default="", help="for DEST/ mappings: directory that SRC paths are relative to")
     p.add_argument("files", nargs="*")
     args = p.parse_args(argv)
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     info = f"{dist}-{args.version}.dist-info"
     entries = {}
     for mapping in args.files:
-        for dest, src in _expand(mapping):
+        for dest, src in _expand(mapping, args.strip):
             with open(src, "rb") as f:
                 entries[dest] = (f.read(), os.access(src, os.X_OK))
 
@@ -66,6 +66,7 @@ def main(argv=None) -> int:
         f"Summary: {args.summary}",
         "Requires-Python: >=3.10",
     ]
+    meta += [f"Provides-Extra: {e}" for e in args.extra]
     meta += [f"Requires-Dist: {r}" for r in args.requires]
     body = ""
     if args.readme:

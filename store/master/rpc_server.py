@@ -159,7 +159,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     def PutEnd(self, request, context):
         return pb.StatusReply(code=self.svc.put_end(request.client_id, request.key))
 
-    UpsertEnd = PutEnd
+    UpsertEnd = PutEnd  # the same commit; shares PutEnd's latency series
 
     @_rpc
     def PutRevoke(self, request, context):

@@ -46,6 +46,7 @@ _log = logging.getLogger("mooncake.store.master")
 
 OK = ErrorCode.OK
 _PURGE_PERIOD_SEC = 1.0
+_MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
 
 
 class SegmentSpec:
@@ -77,6 +78,7 @@ class MasterService:
         self.view_version = random.SystemRandom().getrandbits(63) or 1
         self.lease_ttl = config.default_kv_lease_ttl_ms / 1000.0
         self._next_purge = 0.0
+        self._sizes: dict[int, int] = {}
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
         self.metrics.attach_state(self.snapshot)
@@ -191,11 +193,7 @@ class MasterService:
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], config: PutConfig = PutConfig()
                         ) -> list[tuple[ErrorCode, list[Replica]]]:
         """One result per key; mismatched lengths give INVALID_PARAMS for every key."""
-        if len(keys) != len(sizes):
-            return [(ErrorCode.INVALID_PARAMS, [])] * len(keys)
-        with self._lock:
-            now = self._clock()
-            return [self._start_locked(client_id, k, s, config, False, now) for k, s in zip(keys, sizes)]
+        return self._batch_start(client_id, keys, sizes, config, False)
 
     def upsert_start(self, client_id: str, key: str, size: int, config: PutConfig = PutConfig()
                      ) -> tuple[ErrorCode, list[Replica]]:
@@ -204,11 +202,14 @@ class MasterService:
 
     def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int], config: PutConfig = PutConfig()
                            ) -> list[tuple[ErrorCode, list[Replica]]]:
+        return self._batch_start(client_id, keys, sizes, config, True)
+
+    def _batch_start(self, client_id, keys, sizes, config, upsert) -> list[tuple[ErrorCode, list[Replica]]]:
         if len(keys) != len(sizes):
             return [(ErrorCode.INVALID_PARAMS, [])] * len(keys)
         with self._lock:
             now = self._clock()
-            return [self._start_locked(client_id, k, s, config, True, now) for k, s in zip(keys, sizes)]
+            return [self._start_locked(client_id, k, s, config, upsert, now) for k, s in zip(keys, sizes)]
 
     def put_end(self, client_id: str, key: str) -> ErrorCode:
         """Commits the put/upsert of `key` (the same call ends an upsert)."""
@@ -270,6 +271,8 @@ class MasterService:
                 t.pending[key] = PendingPut(client_id, size, list(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE)
                 return OK, list(old_reps)
             kind = PutKind.UPSERT_REALLOC
+        if len(self._sizes) < _MAX_SHARED_SIZES:  # KV caches use few distinct sizes: share the int objects
+            size = self._sizes.setdefault(size, size)
         replicas = self._allocate_locked(size, cfg.replica_num, cfg.preferred_segments, now)
         if not replicas:
             return ErrorCode.NO_AVAILABLE_HANDLE, []
