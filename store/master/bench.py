@@ -7,8 +7,9 @@
    (PutStart+PutEnd), get (GetReplicaList), exist, and their batch forms (--batch keys per RPC). Reported as
    items/s and RPCs/s, summed over clients. In the same run, a plain gRPC echo server process (bytes in,
    bytes out, same thread pool size) is measured the same way: the floor any gRPC master could reach here.
-2. Memory: --objects objects put into an in-process MasterService (batch calls, no RPC), resident memory
-   before/after divided by the object count (includes the key string, 64 B keys as in vLLM-style hashes).
+2. Memory: --objects objects put into an in-process MasterService (batch calls, no RPC): resident memory
+   growth per object, and (on up to 100 000 objects, tracemalloc) the exact Python heap bytes per object.
+   Both include the key string (64 B keys, like vLLM-style hashes: 113 B as a Python str).
 3. Allocator: mixed sizes 4 KiB..4 MiB churned at 85 % fill in a 4 GiB segment: fragmentation, largest free
    block, allocations/s, and the fill reached when a first allocation fails while filling after the churn.
 """
@@ -23,6 +24,7 @@ import random
 import subprocess
 import sys
 import time
+import tracemalloc
 from concurrent import futures
 
 import grpc
@@ -116,13 +118,17 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def memory_per_object(n: int, key_bytes: int = 64, replicas: int = 1) -> dict:
+def memory_per_object(n: int, key_bytes: int = 64, replicas: int = 1, trace: bool = False) -> dict:
+    """Resident memory growth per object; with `trace`, also the exact Python heap bytes per object
+    (tracemalloc: slower, but independent of what the process freed earlier)."""
     svc = MasterService(MasterConfig(client_ttl_sec=1e9, eviction_high_watermark_ratio=1.0))
     for i in range(replicas):
         svc.mount_segment(f"c{i}", SegmentSpec(f"s{i}", f"host{i}:1", 1 << 40, 1 << 40))
     cfg = PutConfig(replica_num=replicas)
     gc.collect()
     before = _rss_bytes()
+    if trace:
+        tracemalloc.start()
     t0 = time.perf_counter()
     chunk = 2000
     for start in range(0, n, chunk):
@@ -133,10 +139,15 @@ def memory_per_object(n: int, key_bytes: int = 64, replicas: int = 1) -> dict:
         svc.batch_put_end("bench", keys)
     elapsed = time.perf_counter() - t0
     gc.collect()
+    traced = 0
+    if trace:
+        traced = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
     after = _rss_bytes()
     assert svc.snapshot()["objects"] == n
     return {"objects": n, "key_bytes": key_bytes, "replicas": replicas,
-            "bytes_per_object": (after - before) / n, "rss_delta_mib": (after - before) / 2 ** 20,
+            "rss_bytes_per_object": (after - before) / n, "rss_delta_mib": (after - before) / 2 ** 20,
+            "heap_bytes_per_object": traced / n if trace else None,
             "in_process_puts_per_s": n / elapsed}
 
 
@@ -204,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results["rpc"].items():
         print(_fmt(name, r), flush=True)
     mem = results["memory"] = memory_per_object(args.objects)
-    print(f"  memory: {mem['bytes_per_object']:.0f} B/object at {mem['objects']} objects "
+    print(f"  memory: {mem['rss_bytes_per_object']:.0f} B/object (RSS) at {mem['objects']} objects "
           f"({mem['key_bytes']} B keys, RSS +{mem['rss_delta_mib']:.0f} MiB; "
           f"{mem['in_process_puts_per_s']:.0f} in-process puts/s)", flush=True)
+    heap = results["memory_traced"] = memory_per_object(min(args.objects, 100_000), trace=True)
+    print(f"  memory: {heap['heap_bytes_per_object']:.0f} B/object (Python heap, tracemalloc, "
+          f"{heap['objects']} objects)", flush=True)
     al = results["allocator"] = allocator_fragmentation(args.alloc_ops)
     print(f"  allocator: {al['alloc_free_per_s']:.0f} alloc+free/s, after {al['ops']} ops at "
           f"{100 * al['target_fill']:.0f} % fill: fragmentation {al['fragmentation']:.3f}, largest free "

@@ -2,6 +2,25 @@
 
 namespace mooncake::te {
 
+std::vector<Slice> CutIntoSlices(OpCode op, char* local, uint64_t remote, size_t length, size_t slice_size) {
+  std::vector<Slice> slices;
+  if (slice_size == 0) slice_size = length;
+  slices.reserve(length / (slice_size ? slice_size : 1) + 1);
+  for (size_t off = 0; off < length;) {
+    size_t n = std::min(slice_size, length - off);
+    size_t rest = length - off - n;
+    if (rest > 0 && rest <= slice_size / 4) n += rest;
+    Slice s;
+    s.opcode = op;
+    s.local = local + off;
+    s.remote = remote + off;
+    s.length = n;
+    slices.push_back(s);
+    off += n;
+  }
+  return slices;
+}
+
 void Slice::Complete(const Status& status) { task->OnSliceDone(status.ok() ? length : 0, status); }
 
 TransferStatus Task::status() const {

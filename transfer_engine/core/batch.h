@@ -34,6 +34,10 @@ struct Slice {
   void Complete(const Status& status);
 };
 
+/// Cuts `length` bytes at (local, remote) into slices of at most `slice_size`; a tail of at most slice_size/4
+/// is merged into the previous slice (fewer tiny frames). Zero length yields no slices.
+std::vector<Slice> CutIntoSlices(OpCode op, char* local, uint64_t remote, size_t length, size_t slice_size);
+
 /// One request of a batch: its slices, state and first error. Thread-safe.
 class Task {
  public:

@@ -88,5 +88,29 @@ TEST(BatchTest, InFlightTasksKeepTheBatchAliveAfterTheHandleIsDropped) {
   EXPECT_TRUE(weak.expired());
 }
 
+TEST(SlicingTest, CutsMergesTailAndCoversEveryByte) {
+  char base[1];
+  auto check = [&](size_t len, size_t slice, std::vector<size_t> expected) {
+    auto slices = CutIntoSlices(OpCode::kRead, base, 1000, len, slice);
+    std::vector<size_t> lens;
+    size_t off = 0;
+    for (const auto& s : slices) {
+      EXPECT_EQ(s.local, base + off);
+      EXPECT_EQ(s.remote, 1000 + off);
+      EXPECT_EQ(s.opcode, OpCode::kRead);
+      lens.push_back(s.length);
+      off += s.length;
+    }
+    EXPECT_EQ(off, len);
+    EXPECT_EQ(lens, expected) << len << "/" << slice;
+  };
+  check(0, 64, {});
+  check(10, 64, {10});
+  check(64, 64, {64});
+  check(80, 64, {80});       // tail 16 <= 64/4: merged
+  check(84, 64, {64, 20});   // tail 20 > 16: its own slice
+  check(256, 64, {64, 64, 64, 64});
+}
+
 }  // namespace
 }  // namespace mooncake::te

@@ -378,20 +378,8 @@ Status TransferEngine::Impl::SubmitImpl(BatchId id, const std::vector<TransferRe
   for (auto& p : plans) {
     auto task = b.AddTask();
     if (!task.ok()) return task.status();  // cannot happen: capacity checked above
-    const size_t slice = p.transport->slice_size();
-    std::vector<Slice> slices;
-    size_t len = p.req->length;
-    for (size_t off = 0; off < len;) {
-      size_t n = std::min(slice, len - off);
-      if (len - off - n > 0 && len - off - n <= slice / 4) n = len - off;  // merge a short tail
-      Slice s;
-      s.opcode = p.req->opcode;
-      s.local = static_cast<char*>(p.req->source) + off;
-      s.remote = p.req->target_address + off;
-      s.length = n;
-      slices.push_back(s);
-      off += n;
-    }
+    std::vector<Slice> slices = CutIntoSlices(p.req->opcode, static_cast<char*>(p.req->source),
+                                              p.req->target_address, p.req->length, p.transport->slice_size());
     b.StartTask(*task, std::move(slices), std::move(p.pin));
     auto& group = groups[{p.transport, p.desc.get()}];
     for (auto& s : (*task)->slices()) group.push_back(&s);
