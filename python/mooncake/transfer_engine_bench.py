@@ -229,17 +229,18 @@ def run_compare(args) -> int:
             dst = np.zeros(64 * MiB, dtype=np.uint8)
             memcpy = max(bench.memcpy_bandwidth(dst.ctypes.data, src.ctypes.data, dst.nbytes, 3) for _ in range(3))
             results = {}
+            # Each case alternates short runs of the raw socket and of TE, so both see the same machine.
             for rnd in range(args.rounds):
                 log(f"round {rnd + 1}/{args.rounds}")
                 for n, count in CASES:
                     iters = iterations(n * count, args.bytes_per_case, lo=10, hi=3000)
+                    chunk = max(1, iters // 10)
                     for write in (True, False):
-                        key = (n, count, "write" if write else "read")
-                        r_lat = raw.timed(write, ep.addr, n, count, iters)
-                        t_lat = timed(te_op(ep, target.info, write, n, count), iters)
-                        acc = results.setdefault(key, ([], []))
-                        acc[0].extend(t_lat)
-                        acc[1].extend(r_lat)
+                        acc = results.setdefault((n, count, "write" if write else "read"), ([], []))
+                        op = te_op(ep, target.info, write, n, count)
+                        for _ in range(0, iters, chunk):
+                            acc[1].extend(raw.timed(write, ep.addr, n, count, chunk))
+                            acc[0].extend(timed(op, chunk))
             wait_cpu = wait_cpu_fraction(ep, target.info)
             ep.engine = None
         finally:

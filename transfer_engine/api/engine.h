@@ -81,6 +81,12 @@ class TransferEngine {
   /// Frees the handle now even if tasks are in flight; they finish (or time out) in the background.
   Status ReleaseBatch(BatchId batch);
 
+  /// Moves the requests and returns when they are done: ok when all completed, else the first task's error
+  /// (kTimeout when `timeout` passed first). Validation as in Submit. A single small request is driven on
+  /// the calling thread where the transport allows it (no hand-off to an I/O thread: lowest latency).
+  Status TransferSync(const std::vector<TransferRequest>& requests, std::chrono::nanoseconds timeout,
+                      const Notification* notification = nullptr);
+
   // --- control messages ---
   Status SendNotify(const std::string& segment, const Notification& notification);
   std::vector<Notification> TakeNotifications();

@@ -151,36 +151,15 @@ bool CompatEngine::BuildRequests(const std::string& target, const std::vector<ui
 
 int CompatEngine::RunSync(const std::string& target, const std::vector<TransferRequest>& requests, size_t total,
                           const std::optional<Notification>& notify) {
-  Status last;
+  Status st;
+  // A pooled connection may have gone stale (peer restarted): one retry on fresh metadata and connections.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    auto batch = engine_->AllocateBatch(requests.empty() ? 1 : requests.size());
-    if (!batch.ok()) return Fail("transfer", batch.status());
-    Status st = notify ? engine_->SubmitWithNotify(*batch, requests, *notify) : engine_->Submit(*batch, requests);
-    if (!st.ok()) {
-      Status released = engine_->ReleaseBatch(*batch);
-      (void)released;
-      return Fail("transfer", st);
-    }
-    auto status = engine_->WaitBatch(*batch, Budget(total));
-    if (status.ok() && status->state == TransferState::kCompleted) {
-      Status released = engine_->ReleaseBatch(*batch);
-      (void)released;
-      return 0;
-    }
-    last = Status(ErrorCode::kTimeout, "transfer to '" + target + "' did not finish within the time budget");
-    for (size_t i = 0; i < requests.size(); ++i) {
-      Status e = engine_->GetTaskError(*batch, i);
-      if (!e.ok()) {
-        last = e;
-        break;
-      }
-    }
-    Status released = engine_->ReleaseBatch(*batch);
-    (void)released;
+    st = engine_->TransferSync(requests, Budget(total), notify ? &*notify : nullptr);
+    if (st.ok()) return 0;
     engine_->InvalidateSegment(target);
-    if (!Retryable(last)) break;
+    if (!Retryable(st)) break;
   }
-  return Fail("transfer", last);
+  return Fail("transfer", st);
 }
 
 int CompatEngine::TransferSync(const std::string& target, uintptr_t buffer, uint64_t peer_address, size_t length,

@@ -120,7 +120,8 @@ class TransferEngine::Impl {
   Transport* SelectTransport(const SegmentDescriptor& desc) const;
   StatusOr<std::shared_ptr<Batch>> FindBatch(BatchId id) const;
   StatusOr<std::string> HandleRpc(const RpcFrame& frame);
-  Status SubmitImpl(BatchId id, const std::vector<TransferRequest>& requests, const Notification* notify);
+  Status SubmitImpl(Batch& b, const std::vector<TransferRequest>& requests, const Notification* notify,
+                    bool drive);
   Status SendNotifyImpl(const std::string& segment, const Notification& n);
 };
 
@@ -324,13 +325,10 @@ StatusOr<std::shared_ptr<Batch>> TransferEngine::Impl::FindBatch(BatchId id) con
   return it->second;
 }
 
-Status TransferEngine::Impl::SubmitImpl(BatchId id, const std::vector<TransferRequest>& requests,
-                                        const Notification* notify) {
-  auto batch = FindBatch(id);
-  if (!batch.ok()) return batch.status();
-  Batch& b = **batch;
+Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequest>& requests,
+                                        const Notification* notify, bool drive) {
   if (b.size() + requests.size() > b.capacity()) {
-    return Status(ErrorCode::kTooManyRequests, "batch " + std::to_string(id) + " has room for " +
+    return Status(ErrorCode::kTooManyRequests, "the batch has room for " +
                                                    std::to_string(b.capacity() - b.size()) + " more requests, got " +
                                                    std::to_string(requests.size()));
   }
@@ -398,6 +396,11 @@ Status TransferEngine::Impl::SubmitImpl(BatchId id, const std::vector<TransferRe
         if (!st.ok()) MC_LOG(kWarning) << "notification to '" << notify_target << "' failed: " << st.message();
       });
     });
+  }
+  if (drive && groups.size() == 1) {
+    auto& [key, slices] = *groups.begin();
+    key.first->SubmitAndDrive(*key.second, slices);
+    return Status::Ok();
   }
   for (auto& [key, slices] : groups) key.first->Submit(*key.second, slices);
   return Status::Ok();
@@ -509,12 +512,31 @@ StatusOr<BatchId> TransferEngine::AllocateBatch(size_t capacity) {
 }
 
 Status TransferEngine::Submit(BatchId batch, const std::vector<TransferRequest>& requests) {
-  return impl_->SubmitImpl(batch, requests, nullptr);
+  auto b = impl_->FindBatch(batch);
+  if (!b.ok()) return b.status();
+  return impl_->SubmitImpl(**b, requests, nullptr, /*drive=*/false);
 }
 
 Status TransferEngine::SubmitWithNotify(BatchId batch, const std::vector<TransferRequest>& requests,
                                         Notification notification) {
-  return impl_->SubmitImpl(batch, requests, &notification);
+  auto b = impl_->FindBatch(batch);
+  if (!b.ok()) return b.status();
+  return impl_->SubmitImpl(**b, requests, &notification, /*drive=*/false);
+}
+
+Status TransferEngine::TransferSync(const std::vector<TransferRequest>& requests, std::chrono::nanoseconds timeout,
+                                    const Notification* notification) {
+  auto batch = std::make_shared<Batch>(requests.empty() ? 1 : requests.size());
+  MC_RETURN_IF_ERROR(impl_->SubmitImpl(*batch, requests, notification, /*drive=*/true));
+  if (!batch->WaitUntil(std::chrono::steady_clock::now() + timeout)) {
+    return Status(ErrorCode::kTimeout, "transfer not finished after " +
+                                           std::to_string(std::chrono::duration<double>(timeout).count()) + " s");
+  }
+  for (size_t i = 0; i < batch->size(); ++i) {
+    Status e = batch->task(i).error();
+    if (!e.ok()) return e;
+  }
+  return Status::Ok();
 }
 
 StatusOr<TransferStatus> TransferEngine::GetTaskStatus(BatchId batch, size_t task) const {

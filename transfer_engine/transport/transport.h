@@ -59,6 +59,13 @@ class Transport {
   /// error status when it could not be moved (unreachable peer, rejected address, timeout).
   virtual void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) = 0;
 
+  /// As Submit, for a caller that will block until these slices are done: a transport may move them on the
+  /// calling thread (no hand-off to its I/O threads, the lowest latency for small synchronous transfers).
+  /// Returns with the slices completed, or still in flight if the transport fell back to Submit.
+  virtual void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) {
+    Submit(peer, slices);
+  }
+
   /// Drops cached connections to a peer (e.g. after its descriptor changed). Default: nothing cached.
   virtual void ForgetPeer(const std::string& /*segment_name*/) {}
 

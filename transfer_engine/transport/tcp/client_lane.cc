@@ -1,6 +1,7 @@
 #include "transfer_engine/transport/tcp/client_lane.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -75,39 +76,87 @@ Status ClientLane::ConnectLocked() {
   return Status::Ok();
 }
 
+bool ClientLane::QueueLocked(const std::vector<Slice*>& slices, Completions* done) {
+  if (fd_ < 0) {
+    Status st = ConnectLocked();
+    if (!st.ok()) {
+      for (Slice* s : slices) done->emplace_back(s, st);
+      peer_->errors.fetch_add(slices.size(), std::memory_order_relaxed);
+      return false;
+    }
+  }
+  auto now = std::chrono::steady_clock::now();
+  for (Slice* s : slices) {
+    Pending p;
+    p.slice = s;
+    p.seq = next_seq_++;
+    p.sent = 0;
+    p.queued = now;
+    RequestHeader h;
+    h.op = s->opcode == OpCode::kWrite ? FrameOp::kWrite : FrameOp::kRead;
+    h.seq = p.seq;
+    h.addr = s->remote;
+    h.length = s->length;
+    EncodeRequest(h, p.header);
+    outstanding_bytes_.fetch_add(s->length, std::memory_order_relaxed);
+    pending_.push_back(p);
+  }
+  return true;
+}
+
 void ClientLane::Enqueue(const std::vector<Slice*>& slices) {
   Completions done;
   {
     std::lock_guard lock(mu_);
-    if (fd_ < 0) {
-      Status st = ConnectLocked();
-      if (!st.ok()) {
-        for (Slice* s : slices) done.emplace_back(s, st);
-        peer_->errors.fetch_add(slices.size(), std::memory_order_relaxed);
-      }
-    }
-    if (done.empty()) {
-      auto now = std::chrono::steady_clock::now();
-      for (Slice* s : slices) {
-        Pending p;
-        p.slice = s;
-        p.seq = next_seq_++;
-        p.sent = 0;
-        p.queued = now;
-        RequestHeader h;
-        h.op = s->opcode == OpCode::kWrite ? FrameOp::kWrite : FrameOp::kRead;
-        h.seq = p.seq;
-        h.addr = s->remote;
-        h.length = s->length;
-        EncodeRequest(h, p.header);
-        outstanding_bytes_.fetch_add(s->length, std::memory_order_relaxed);
-        pending_.push_back(p);
-      }
-      // Write now if the socket was idle; otherwise the loop is already flushing on EPOLLOUT.
-      if (!want_write_) FlushLocked(&done);
-    }
+    // Write now if the socket was idle; otherwise the loop (or a driving caller) is already flushing.
+    if (QueueLocked(slices, &done) && !want_write_) FlushLocked(&done);
   }
   Finish(done);
+}
+
+bool ClientLane::TryDrive(const std::vector<Slice*>& slices) {
+  Completions done;
+  std::unique_lock lock(mu_);
+  if (driving_ || !pending_.empty()) return false;
+  if (!QueueLocked(slices, &done)) {
+    lock.unlock();
+    Finish(done);
+    return true;
+  }
+  const uint64_t last_seq = next_seq_ - 1;
+  driving_ = true;
+  Status st = loop_->Modify(fd_, 0, this);  // the loop thread keeps off while we drive
+  if (!st.ok()) MC_LOG(kWarning) << "lane to " << peer_->label << ": " << st.message();
+  FlushLocked(&done);
+  // Until our answers (the first in line: the lane was idle) are in. Slices other threads add meanwhile are
+  // moved along too; the loop thread takes over whatever is left.
+  while (fd_ >= 0 && !pending_.empty() && pending_.front().seq <= last_seq) {
+    pollfd p{fd_, static_cast<short>(POLLIN | (send_index_ < pending_.size() ? POLLOUT : 0)), 0};
+    lock.unlock();
+    int r = poll(&p, 1, 100);  // wakes up now and then so timeouts and shutdown are seen
+    lock.lock();
+    if (fd_ < 0 || r < 0) break;
+    if (r == 0) {
+      if (std::chrono::steady_clock::now() - pending_.front().queued >= config_.transfer_timeout) {
+        CloseLocked(Status(ErrorCode::kTimeout, "no response from " + peer_->label + " within " +
+                                                    std::to_string(config_.transfer_timeout.count()) +
+                                                    " s (MC_TRANSFER_TIMEOUT)"),
+                    &done);
+      }
+      continue;
+    }
+    if (p.revents & (POLLIN | POLLERR | POLLHUP)) ReadLocked(&done);
+    if (fd_ >= 0 && (p.revents & POLLOUT)) FlushLocked(&done);
+  }
+  driving_ = false;
+  if (fd_ >= 0) {
+    want_write_ = send_index_ < pending_.size();
+    st = loop_->Modify(fd_, EPOLLIN | (want_write_ ? EPOLLOUT : 0), this);
+    if (!st.ok()) MC_LOG(kWarning) << "lane to " << peer_->label << ": " << st.message();
+  }
+  lock.unlock();
+  Finish(done);
+  return true;
 }
 
 void ClientLane::FlushLocked(Completions* done) {
@@ -155,6 +204,7 @@ void ClientLane::FlushLocked(Completions* done) {
 void ClientLane::UpdateInterestLocked(bool want_write) {
   if (want_write == want_write_ || fd_ < 0) return;
   want_write_ = want_write;
+  if (driving_) return;  // the driving caller polls for POLLOUT itself and re-arms epoll when done
   Status st = loop_->Modify(fd_, EPOLLIN | (want_write ? EPOLLOUT : 0), this);
   if (!st.ok()) MC_LOG(kWarning) << "lane to " << peer_->label << ": " << st.ToString();
 }
@@ -163,7 +213,7 @@ void ClientLane::OnEvents(uint32_t events) {
   Completions done;
   {
     std::lock_guard lock(mu_);
-    if (fd_ < 0) return;  // stale event for a connection closed earlier in this round
+    if (fd_ < 0 || driving_) return;  // stale event, or a caller drives this socket right now
     if (events & EPOLLIN) ReadLocked(&done);
     if (fd_ >= 0 && (events & EPOLLOUT)) FlushLocked(&done);
     if (fd_ >= 0 && (events & (EPOLLERR | EPOLLHUP)) && !(events & EPOLLIN)) {

@@ -43,6 +43,10 @@ class ClientLane : public EventHandler {
   /// Queues the slices; connects first if needed. Fails them (never blocks past the connect timeout) when
   /// the peer is unreachable.
   void Enqueue(const std::vector<Slice*>& slices);
+  /// When the lane is idle: queues the slices and drives the socket on the calling thread (poll, no epoll
+  /// hand-off) until their answers arrived or the lane failed; returns true. Returns false, doing nothing,
+  /// when the lane is busy (the caller then uses Enqueue).
+  bool TryDrive(const std::vector<Slice*>& slices);
   void OnEvents(uint32_t events) override;
   /// Fails everything when the oldest outstanding slice waited longer than the transfer timeout.
   void CheckTimeout(std::chrono::steady_clock::time_point now);
@@ -63,6 +67,8 @@ class ClientLane : public EventHandler {
   };
 
   Status ConnectLocked();
+  /// Connects if needed and appends the slices; on failure appends them to `done` and returns false.
+  bool QueueLocked(const std::vector<Slice*>& slices, Completions* done);
   void FlushLocked(Completions* done);
   void ReadLocked(Completions* done);
   void CloseLocked(const Status& why, Completions* done);
@@ -75,6 +81,7 @@ class ClientLane : public EventHandler {
   std::mutex mu_;
   int fd_ = -1;
   bool want_write_ = false;
+  bool driving_ = false;  // a caller thread drives the socket; the loop thread keeps off
   uint64_t next_seq_ = 1;
   std::deque<Pending> pending_;  // in request order; [0, send_index_) fully written
   size_t send_index_ = 0;

@@ -172,13 +172,7 @@ void TcpTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice
   }
   const size_t n_lanes = peer->lanes.size();
   if (slices.size() == 1 || n_lanes == 1) {
-    // One slice: the least busy lane (an idle one when there is one) gives the lowest latency.
-    size_t best = peer->next_lane.fetch_add(1, std::memory_order_relaxed) % n_lanes;
-    for (size_t i = 1; i < n_lanes && peer->lanes[best]->outstanding_bytes() > 0; ++i) {
-      size_t cand = (best + i) % n_lanes;
-      if (peer->lanes[cand]->outstanding_bytes() < peer->lanes[best]->outstanding_bytes()) best = cand;
-    }
-    peer->lanes[best]->Enqueue(slices);
+    LeastBusyLane(peer)->Enqueue(slices);
     return;
   }
   // Many slices: spread them round-robin over the lanes so they move in parallel.
@@ -188,6 +182,32 @@ void TcpTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice
   for (size_t i = 0; i < n_lanes; ++i) {
     if (!groups[i].empty()) peer->lanes[i]->Enqueue(groups[i]);
   }
+}
+
+ClientLane* TcpTransport::LeastBusyLane(Peer* peer) {
+  // Rotate the starting point so idle lanes share the work; prefer the one with the least in flight.
+  const size_t n = peer->lanes.size();
+  size_t best = peer->next_lane.fetch_add(1, std::memory_order_relaxed) % n;
+  for (size_t i = 1; i < n && peer->lanes[best]->outstanding_bytes() > 0; ++i) {
+    size_t cand = (best + i) % n;
+    if (peer->lanes[cand]->outstanding_bytes() < peer->lanes[best]->outstanding_bytes()) best = cand;
+  }
+  return peer->lanes[best].get();
+}
+
+void TcpTransport::SubmitAndDrive(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
+  if (slices.size() != 1) {
+    Submit(desc, slices);  // spread over the lanes; the I/O threads move them in parallel
+    return;
+  }
+  Status error;
+  Peer* peer = GetPeer(desc, &error);
+  if (!peer) {
+    slices[0]->Complete(error);
+    return;
+  }
+  ClientLane* lane = LeastBusyLane(peer);
+  if (!lane->TryDrive(slices)) lane->Enqueue(slices);
 }
 
 void TcpTransport::ForgetPeer(const std::string& segment_name) {

@@ -31,6 +31,7 @@ class TcpTransport : public Transport {
   void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
+  void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
   size_t slice_size() const override;
   nlohmann::json Stats() const override;
@@ -46,6 +47,7 @@ class TcpTransport : public Transport {
   class Acceptor;
 
   Peer* GetPeer(const SegmentDescriptor& desc, Status* error);
+  static ClientLane* LeastBusyLane(Peer* peer);
   void OnAccept(int fd);
   void OnTick(size_t loop_index);
 
