@@ -4,8 +4,9 @@ Usage:
   build_wheel.py --out FILE.whl --name DIST --version V --tag cp311-cp311-linux_x86_64
                  [--summary TEXT] [--requires REQ ...] [--console-script NAME=module:func ...]
                  [--readme README.md] DEST=SRC ...
-DEST is the path inside the wheel (e.g. mooncake/engine.py); SRC a file, or, when DEST ends with '/', a file
-whose path is kept relative to the directory given by --strip (repeatable, so a whole package maps in one go).
+DEST=SRC puts file SRC at DEST inside the wheel (e.g. mooncake/engine.py=python/mooncake/engine.py).
+DIR/:ROOT=SRC puts SRC under DIR/ at its path relative to the package folder ROOT, for source files
+(ROOT/x/y.py) and generated ones (bazel-out/.../bin/ROOT/x/y.py) alike: mooncake/store/:store=<file>.
 """
 
 import argparse
@@ -23,17 +24,21 @@ def _record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
-def _expand(mapping: str, strip: str):
+def _expand(mapping: str):
     dest, _, src = mapping.partition("=")
     if not src:
         raise SystemExit(f"bad mapping {mapping!r}: expected DEST=SRC")
-    if not dest.endswith("/"):
-        yield dest, src
-        return
-    rel = os.path.relpath(src, strip) if strip else os.path.basename(src)
-    if rel.startswith(".."):
-        raise SystemExit(f"{src} is not under --strip {strip}")
-    yield dest + rel, src
+    if ":" not in dest:
+        return dest, src
+    directory, _, root = dest.partition(":")
+    root = root.strip("/") + "/"
+    if src.startswith(root):
+        rel = src[len(root):]
+    elif "/bin/" + root in src:
+        rel = src.split("/bin/" + root, 1)[1]
+    else:
+        raise SystemExit(f"{src} is not under the package folder {root}")
+    return directory + rel, src
 
 
 def main(argv=None) -> int:
@@ -47,7 +52,6 @@ def main(argv=None) -> int:
     p.add_argument("--requires", action="append", default=[])
     p.add_argument("--extra", action="append", default=[], help="optional-dependency group names")
     p.add_argument("--console-script", action="append", default=[])
-    p.add_argument("--strip", default="", help="for DEST/ mappings: directory that SRC paths are relative to")
     p.add_argument("files", nargs="*")
     args = p.parse_args(argv)
 
@@ -55,9 +59,9 @@ def main(argv=None) -> int:
     info = f"{dist}-{args.version}.dist-info"
     entries = {}
     for mapping in args.files:
-        for dest, src in _expand(mapping, args.strip):
-            with open(src, "rb") as f:
-                entries[dest] = (f.read(), os.access(src, os.X_OK))
+        dest, src = _expand(mapping)
+        with open(src, "rb") as f:
+            entries[dest] = (f.read(), os.access(src, os.X_OK))
 
     meta = [
         "Metadata-Version: 2.1",

@@ -34,10 +34,12 @@ def test_wheel_contents():
     names = zipfile.ZipFile(WHEEL[0]).namelist()
     assert any(n.startswith("mooncake/_native.") and n.endswith(".so") for n in names)
     assert "mooncake/tools/cli.py" in names
+    assert "mooncake/store/master/cli.py" in names
+    assert "mooncake/store/proto/mooncake_master_pb2_grpc.py" in names
     assert not any(n.endswith("_test.py") for n in names)
     entry = zipfile.ZipFile(WHEEL[0]).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for script in ("transfer_engine_bench", "mooncake_http_metadata_server", "mooncake "):
+    for script in ("transfer_engine_bench", "mooncake_http_metadata_server", "mooncake ", "mooncake_master"):
         assert script in entry
 
 
@@ -74,3 +76,5 @@ def test_console_scripts(venv):
     out = run(venv, [str(venv / "bin" / "mooncake"), "kvcache-size", "--model", "llama-3-70b", "--json"])
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["bytes_per_token"] == 327680  # Llama-3-70B, bf16: 320 KiB per token
+    out = run(venv, [str(venv / "bin" / "mooncake_master"), "--help"])
+    assert out.returncode == 0 and "--port" in out.stdout, out.stderr
