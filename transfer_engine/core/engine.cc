@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
 #include "transfer_engine/core/batch.h"
@@ -27,11 +28,6 @@
 namespace mooncake::te {
 namespace {
 
-std::string Hex(uint64_t v) {
-  std::ostringstream s;
-  s << "0x" << std::hex << v;
-  return s.str();
-}
 
 /// Runs queued jobs on one background thread (notifications that must not block I/O threads).
 class Worker {

@@ -5,17 +5,10 @@
 #include <sstream>
 #include <thread>
 
+#include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
 
 namespace mooncake::te {
-namespace {
-std::string Hex(uint64_t v) {
-  std::ostringstream s;
-  s << "0x" << std::hex << v;
-  return s.str();
-}
-}  // namespace
-
 Status MemoryRegistry::Register(uint64_t addr, uint64_t length, std::string location, bool remote_accessible) {
   if (addr == 0) return InvalidArgument("cannot register a null address");
   if (length == 0) return InvalidArgument("cannot register zero bytes at " + Hex(addr));

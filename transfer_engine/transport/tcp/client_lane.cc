@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
 
@@ -18,11 +19,6 @@ namespace {
 
 constexpr int kMaxIov = 64;
 
-std::string Hex(uint64_t v) {
-  std::ostringstream s;
-  s << "0x" << std::hex << v;
-  return s.str();
-}
 
 size_t FrameBytes(const Slice* s) {
   return kRequestHeaderSize + (s->opcode == OpCode::kWrite ? s->length : 0);
@@ -228,6 +224,22 @@ void ClientLane::OnEvents(uint32_t events) {
   Finish(done);
 }
 
+ssize_t ClientLane::RecvLocked(char* dst, size_t len, Completions* done) {
+  while (true) {
+    ssize_t n = recv(fd_, dst, len, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) {
+      CloseLocked(Status(ErrorCode::kSocket, "connection closed by " + peer_->label), done);
+      return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    if (errno != EINTR) {
+      CloseLocked(Status(ErrorCode::kSocket, "recv from " + peer_->label + ": " + strerror(errno)), done);
+      return -1;
+    }
+  }
+}
+
 void ClientLane::ReadLocked(Completions* done) {
   while (fd_ >= 0) {
     if (payload_left_ > 0) {
@@ -240,18 +252,9 @@ void ClientLane::ReadLocked(Completions* done) {
         rstart_ += take;
         payload_left_ -= take;
       } else {
-        ssize_t n = recv(fd_, dst, payload_left_, MSG_DONTWAIT);
-        if (n > 0) {
-          payload_left_ -= static_cast<size_t>(n);
-        } else if (n == 0) {
-          CloseLocked(Status(ErrorCode::kSocket, "connection closed by " + peer_->label), done);
-          return;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          return;
-        } else if (errno != EINTR) {
-          CloseLocked(Status(ErrorCode::kSocket, "recv from " + peer_->label + ": " + strerror(errno)), done);
-          return;
-        }
+        ssize_t n = RecvLocked(dst, payload_left_, done);
+        if (n <= 0) return;
+        payload_left_ -= static_cast<size_t>(n);
       }
       if (payload_left_ == 0) {
         Pending p = pending_.front();
@@ -273,18 +276,9 @@ void ClientLane::ReadLocked(Completions* done) {
         rend_ -= rstart_;
         rstart_ = 0;
       }
-      ssize_t n = recv(fd_, rbuf_ + rend_, sizeof(rbuf_) - rend_, MSG_DONTWAIT);
-      if (n > 0) {
-        rend_ += static_cast<size_t>(n);
-      } else if (n == 0) {
-        CloseLocked(Status(ErrorCode::kSocket, "connection closed by " + peer_->label), done);
-        return;
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        return;
-      } else if (errno != EINTR) {
-        CloseLocked(Status(ErrorCode::kSocket, "recv from " + peer_->label + ": " + strerror(errno)), done);
-        return;
-      }
+      ssize_t n = RecvLocked(reinterpret_cast<char*>(rbuf_) + rend_, sizeof(rbuf_) - rend_, done);
+      if (n <= 0) return;
+      rend_ += static_cast<size_t>(n);
       continue;
     }
     if (r != ParseResult::kOk) {

@@ -71,6 +71,8 @@ class ClientLane : public EventHandler {
   bool QueueLocked(const std::vector<Slice*>& slices, Completions* done);
   void FlushLocked(Completions* done);
   void ReadLocked(Completions* done);
+  /// recv() into dst: bytes read (> 0), 0 when nothing is available, -1 after closing the lane on EOF/error.
+  ssize_t RecvLocked(char* dst, size_t len, Completions* done);
   void CloseLocked(const Status& why, Completions* done);
   void UpdateInterestLocked(bool want_write);
   static void Finish(Completions& done);
