@@ -61,6 +61,7 @@ EngineConfig EngineConfig::FromEnv() {
   if (ReadInt("MC_HANDSHAKE_MAX_LENGTH", 1024, 128LL << 20, &x)) c.handshake_max_length = static_cast<size_t>(x);
   if (ReadInt("MC_HANDSHAKE_LISTEN_BACKLOG", 1, 65535, &x)) c.handshake_backlog = static_cast<int>(x);
   c.metadata_cluster_id = ReadString("MC_METADATA_CLUSTER_ID");
+  if (ReadInt("MC_METADATA_LEASE_TTL", 2, 86400, &x)) c.metadata_lease_ttl = std::chrono::seconds(x);
   c.disable_metacache = ReadBool("MC_DISABLE_METACACHE");
   if (ReadInt("MC_PEER_RETRY_BACKOFF_MS", 0, 3600000, &x)) c.peer_retry_backoff = std::chrono::milliseconds(x);
   return c;

@@ -26,6 +26,7 @@ struct EngineConfig {
   size_t handshake_max_length = 1 << 20;      ///< MC_HANDSHAKE_MAX_LENGTH
   int handshake_backlog = 128;                ///< MC_HANDSHAKE_LISTEN_BACKLOG
   std::string metadata_cluster_id;            ///< MC_METADATA_CLUSTER_ID: key namespace
+  std::chrono::seconds metadata_lease_ttl{10};  ///< MC_METADATA_LEASE_TTL: etcd lease / Redis TTL of our keys
   bool disable_metacache = false;             ///< MC_DISABLE_METACACHE
   std::chrono::milliseconds peer_retry_backoff{1000};  ///< MC_PEER_RETRY_BACKOFF_MS: fail-fast window
 
