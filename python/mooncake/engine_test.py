@@ -1,7 +1,14 @@
-"""Two-process tests of mooncake.engine.TransferEngine over TCP, in both metadata modes."""
+"""Two-process tests of mooncake.engine.TransferEngine over TCP, in both metadata modes.
+
+Both processes run on this host, where the same-host transport would carry the data; MC_FORCE_TCP (inherited
+by the peer processes) keeps these tests on the TCP transport. engine_shm_test.py covers the same-host path.
+"""
+
+import os
+
+os.environ["MC_FORCE_TCP"] = "1"
 
 import hashlib
-import os
 import random
 import time
 

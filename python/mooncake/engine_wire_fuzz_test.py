@@ -5,6 +5,7 @@ Talks to a live engine's TCP data listener with hand-made frames (layout in tran
 
 import hashlib
 import json
+import os
 import socket
 import struct
 
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 from mooncake.engine import TransferEngine
 from mooncake.http_metadata_server import HttpMetadataServer
 from mooncake.testing.engine_peer import EnginePeer
+
+os.environ["MC_FORCE_TCP"] = "1"  # the final check must go through the fuzzed TCP listener
 
 REQ_MAGIC, RESP_MAGIC, VERSION = b"MCTE", b"MCTR", 1
 WRITE, READ = 1, 2

@@ -202,6 +202,15 @@ def test_copy_move_tasks_and_clear(server, workers):
     assert w1.call("QueryTask", task_id="nope")["code"] == E.TASK_NOT_FOUND
     assert w1.call("CreateCopyTask", key="zzz", targets=[h0])["code"] == E.OBJECT_NOT_FOUND
     assert w1.call("FetchTasks", client_id="")["code"] == E.INVALID_PARAMS
+    w1.call("PutStart", key="c2", size=4096, config={"replica_num": 1, "preferred_segments": [h0]})
+    w1.call("PutEnd", key="c2")
+    used = server.service.snapshot()["used_bytes"]
+    assert w2.call("CopyStart", key="c2", targets=[h1])["code"] == 0
+    assert server.service.snapshot()["used_bytes"] == used + 4096
+    assert w1.call("CopyRevoke", key="c2")["code"] == E.ILLEGAL_CLIENT
+    assert w2.call("CopyRevoke", key="c2")["code"] == 0
+    assert w2.call("CopyRevoke", key="c2")["code"] == E.OBJECT_NO_REPLICATION_TASK
+    assert server.service.snapshot()["used_bytes"] == used
 
 
 def _http(server, path):
@@ -272,7 +281,9 @@ def test_many_threads_one_master(server, workers):
     svc = server.service
     svc.remove_all(force=True)
     svc.tick()
-    assert svc.snapshot()["pending_puts"] == 0
+    s = svc.snapshot()
+    assert s["pending_puts"] == 0 and s["objects"] == 0
+    assert s["used_bytes"] == s["held_bytes"]  # no space leaked by the races (held: leased/revoked buffers)
 
 
 def test_concurrent_client_processes(server, workers):

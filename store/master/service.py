@@ -20,11 +20,13 @@ freed at once.
 
 The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
 revokes stuck puts and copy/move operations, releases held buffers, fails overdue tasks, purges expired
-lease entries and evicts when usage reaches the high watermark.
+lease entries and evicts when usage reaches the high watermark (a round that finds nothing evictable, e.g.
+everything leased or pinned, is retried after 1 s rather than every period).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import re
@@ -46,6 +48,7 @@ _log = logging.getLogger("mooncake.store.master")
 
 OK = ErrorCode.OK
 _PURGE_PERIOD_SEC = 1.0
+_EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
 
 
@@ -78,6 +81,7 @@ class MasterService:
         self.view_version = random.SystemRandom().getrandbits(63) or 1
         self.lease_ttl = config.default_kv_lease_ttl_ms / 1000.0
         self._next_purge = 0.0
+        self._next_watermark_evict = 0.0
         self._sizes: dict[int, int] = {}
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
@@ -233,8 +237,8 @@ class MasterService:
     def _check_key(self, key: str) -> ErrorCode:
         if not key:
             return ErrorCode.INVALID_PARAMS
-        if len(key) > MAX_KEY_BYTES:
-            return ErrorCode.INVALID_KEY
+        if len(key) > MAX_KEY_BYTES // 4 and len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            return ErrorCode.INVALID_KEY  # the limit is in UTF-8 bytes (a char is 1..4 of them)
         return OK
 
     def _start_locked(self, client_id: str, key: str, size: int, cfg: PutConfig, upsert: bool, now: float
@@ -267,7 +271,8 @@ class MasterService:
             if (old_reps[0].size == size and len(old_reps) == cfg.replica_num
                     and not t.lease_deadline(key, now)):
                 # Overwrite in place: the object is unreadable until the end (its buffers are being written).
-                del t.objects[key]
+                # drop() also forgets its pins, so a revoked/expired upsert leaves no stale pin entries.
+                t.drop(key)
                 t.pending[key] = PendingPut(client_id, size, list(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE)
                 return OK, list(old_reps)
             kind = PutKind.UPSERT_REALLOC
@@ -542,12 +547,14 @@ class MasterService:
         return self.replicator.create_task(key, source, (target,) if target else (), move=True)
 
     def query_task(self, task_id):
+        """A copy of the task (None if unknown): the monitor may finish the task while the caller reads it."""
         with self._lock:
-            return self.tasks.get(task_id)
+            task = self.tasks.get(task_id)
+            return copy.copy(task) if task is not None else None
 
     def fetch_tasks(self, client_id: str, batch: int):
         with self._lock:
-            return self.tasks.fetch(client_id, max(0, batch), self._clock())
+            return [copy.copy(t) for t in self.tasks.fetch(client_id, max(0, batch), self._clock())]
 
     def mark_task_complete(self, client_id: str, task_id: str, success: bool, message: str = "") -> ErrorCode:
         with self._lock:
@@ -576,8 +583,12 @@ class MasterService:
                 self.table.purge_expired(now)
                 self._next_purge = now + _PURGE_PERIOD_SEC
             cap = self.segments.capacity
-            if cap and self.segments.used >= self.config.eviction_high_watermark_ratio * cap:
-                self._evict_locked(int(self.config.eviction_ratio * cap), now, "watermark")
+            if (cap and now >= self._next_watermark_evict
+                    and self.segments.used >= self.config.eviction_high_watermark_ratio * cap):
+                # Everything leased/pinned/in progress: do not rescan the whole table under the lock every
+                # monitor round (1 M objects take ~0.1 s), retry after a pause.
+                if not self._evict_locked(int(self.config.eviction_ratio * cap), now, "watermark"):
+                    self._next_watermark_evict = now + _EVICT_BACKOFF_SEC
 
     def start_monitor(self) -> None:
         if self._monitor is not None:

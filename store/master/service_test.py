@@ -409,3 +409,49 @@ def test_snapshot_and_describe(clock):
     code, info = svc.describe_key("k")
     assert code == E.OK and info["size"] == 100 and info["hard_pinned"] and info["lease_ms_left"] == 0
     assert svc.describe_key("zz")[0] == E.OBJECT_NOT_FOUND
+
+
+# -- regressions found in review -----------------------------------------------------------------------------------
+def test_in_place_upsert_lost_with_its_writer_leaves_no_stale_pins(clock):
+    svc = make(clock, client_ttl_sec=5)
+    put(svc, "k", 4 * KiB, client="c2", cfg=PutConfig(with_hard_pin=True, with_soft_pin=True))
+    assert svc.remount_segments("c2", []) == E.OK  # c2 is a live client (no memory of its own)
+    assert svc.upsert_start("c2", "k", 4 * KiB)[0] == E.OK  # same shape: overwritten in place
+    clock.advance(6)
+    svc.ping("c1")
+    svc.tick()  # c2 expired: its upsert is revoked and the half-written object is gone
+    assert svc.exist("k") == (E.OK, False)
+    s = svc.snapshot()
+    assert (s["hard_pinned"], s["soft_pinned"], s["used_bytes"]) == (0, 0, 0)
+
+
+def test_key_limit_counts_utf8_bytes(clock):
+    svc = make(clock)
+    assert svc.put_start("w", "é" * 2048, 10)[0] == E.OK  # 4096 bytes
+    assert svc.put_start("w", "é" * 2049, 10)[0] == E.INVALID_KEY
+    assert svc.get_replica_list("€" * 1400)[0] == E.INVALID_KEY  # 1400 chars, 4200 bytes
+
+
+def test_fruitless_watermark_eviction_backs_off(clock):
+    svc = make(clock, eviction_high_watermark_ratio=0.5, eviction_ratio=0.1)
+    fill(svc, 10, cfg=PutConfig(with_hard_pin=True))  # 62.5 %, nothing evictable
+    svc.tick()
+    put(svc, "free", 64 * KiB)
+    svc.tick()  # within the back-off: no new scan
+    assert svc.exist("free") == (E.OK, True)
+    clock.advance(1.0)
+    svc.tick()
+    assert svc.exist("free") == (E.OK, False)
+    assert svc.metrics.evicted_objects.labels(reason="watermark")._value.get() == 1
+
+
+def test_tasks_are_handed_out_as_snapshots(clock):
+    svc = make(clock, segments=(("c1", "s1", "h1"), ("c2", "s2", "h2")))
+    put(svc, "k", cfg=PutConfig(preferred_segments=("h1",)))
+    _, tid = svc.create_copy_task("k", ["h2"])
+    [fetched] = svc.fetch_tasks("c2", 1)
+    queried = svc.query_task(tid)
+    assert svc.mark_task_complete("c2", tid, False, "boom") == E.OK
+    # what an RPC handler is still serialising does not change under it
+    assert fetched.status == queried.status == TaskStatus.PROCESSING and queried.message == ""
+    assert svc.query_task(tid).status == TaskStatus.FAILED and svc.query_task(tid).message == "boom"

@@ -27,6 +27,7 @@ const char* ErrorCodeName(ErrorCode code) {
     case ErrorCode::kNotFound: return "NOT_FOUND";
     case ErrorCode::kPeerUnreachable: return "PEER_UNREACHABLE";
     case ErrorCode::kRemoteRejected: return "REMOTE_REJECTED";
+    case ErrorCode::kStaleMetadata: return "STALE_METADATA";
   }
   return "UNKNOWN";
 }

@@ -33,6 +33,7 @@ enum class ErrorCode : int {
   kNotFound = -401,
   kPeerUnreachable = -402,
   kRemoteRejected = -403,
+  kStaleMetadata = -404,  ///< the target changed its registrations since its descriptor was fetched: refresh
 };
 
 const char* ErrorCodeName(ErrorCode code);

@@ -13,7 +13,8 @@ int Fail(const char* what, const Status& st) {
 }
 
 bool Retryable(const Status& st) {
-  return st.code() == ErrorCode::kSocket || st.code() == ErrorCode::kPeerUnreachable;
+  return st.code() == ErrorCode::kSocket || st.code() == ErrorCode::kPeerUnreachable ||
+         st.code() == ErrorCode::kStaleMetadata;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <random>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -84,6 +85,8 @@ class TransferEngine::Impl {
   EngineConfig config_;
   std::string segment_name_;
   std::string advertised_ip_;
+  std::string host_id_ = LocalHostId();
+  std::string instance_;  // random per engine: tells a restarted peer from the old one
   MemoryRegistry memory_;
   std::unique_ptr<MetadataBackend> metadata_;
   std::vector<std::unique_ptr<Transport>> transports_;
@@ -119,6 +122,11 @@ class TransferEngine::Impl {
   Status SubmitImpl(Batch& b, const std::vector<TransferRequest>& requests, const Notification* notify,
                     bool drive);
   Status SendNotifyImpl(const std::string& segment, const Notification& n);
+  std::string TransportNames() const {
+    std::string out;
+    for (const auto& t : transports_) out += (out.empty() ? "" : "+") + t->name();
+    return out;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -126,6 +134,12 @@ class TransferEngine::Impl {
 
 Status TransferEngine::Impl::Init() {
   if (options_.local_server_name.empty()) return InvalidArgument("local_hostname must not be empty");
+  {
+    std::random_device rd;
+    std::ostringstream id;
+    id << std::hex << ((static_cast<uint64_t>(rd()) << 32) | rd());
+    instance_ = id.str();
+  }
   auto local = net::ParseHostPort(options_.local_server_name);
   if (!local.ok()) return local.status();
 
@@ -149,30 +163,40 @@ Status TransferEngine::Impl::Init() {
                                 [this](const RpcFrame& f) { return HandleRpc(f); }));
   segment_name_ = p2p ? net::HostPort{local->host, rpc_.port()}.ToString() : options_.local_server_name;
 
-  // Transports: everything this build has that fits the requested protocol; TCP as the universal fallback.
-  std::string protocol = config_.force_tcp ? "tcp" : options_.protocol;
-  if (protocol.empty()) protocol = "tcp";
+  // Transports: the network transport `protocol` names (TCP when this build lacks it), plus every same-host
+  // transport unless MC_FORCE_TCP. Each request then goes to the best one that can reach its target.
+  std::string protocol = config_.force_tcp || options_.protocol.empty() ? "tcp" : options_.protocol;
   auto& registry = TransportRegistry::Get();
-  std::unique_ptr<Transport> t = registry.Create(protocol);
-  if (!t) {
-    std::string known;
-    for (const auto& n : registry.Names()) known += (known.empty() ? "" : ", ") + n;
-    MC_LOG(kWarning) << "protocol '" << protocol << "' is not available in this build (available: " << known
-                     << "); using tcp";
-    t = registry.Create("tcp");
-    if (!t) return Status(ErrorCode::kNotImplemented, "no transport available (built with: " + known + ")");
+  std::string known;
+  for (const auto& n : registry.Names()) known += (known.empty() ? "" : ", ") + n;
+  std::unique_ptr<Transport> network = registry.Create(protocol);
+  if (!network || !network->capabilities().remote_hosts) {
+    MC_LOG(kWarning) << "protocol '" << protocol << "' is not a network transport of this build (available: "
+                     << known << "); using tcp";
+    network = registry.Create("tcp");
+    if (!network) return Status(ErrorCode::kNotImplemented, "no network transport in this build (" + known + ")");
+  }
+  transports_.push_back(std::move(network));
+  if (!config_.force_tcp) {
+    for (const auto& name : registry.Names()) {
+      auto t = registry.Create(name);
+      if (t && !t->capabilities().remote_hosts) transports_.push_back(std::move(t));
+    }
   }
   TransportContext ctx;
   ctx.config = &config_;
   ctx.memory = &memory_;
   ctx.local_segment_name = segment_name_;
   ctx.advertised_ip = advertised_ip_;
-  MC_RETURN_IF_ERROR(t->Start(ctx));
-  transports_.push_back(std::move(t));
+  ctx.host_id = host_id_;
+  ctx.instance = instance_;
+  for (auto& t : transports_) MC_RETURN_IF_ERROR(t->Start(ctx));
 
   worker_ = std::make_unique<Worker>();
   managed_ = std::make_unique<ManagedMemory>(
-      [this](void* addr, size_t len) { return memory_.Register(reinterpret_cast<uint64_t>(addr), len, "*", true); },
+      [this](void* addr, size_t len, int memfd) {
+        return memory_.Register(reinterpret_cast<uint64_t>(addr), len, "*", true, memfd, 0);
+      },
       [this](void* addr) {
         Status st = memory_.Unregister(reinterpret_cast<uint64_t>(addr), config_.transfer_timeout);
         (void)st;
@@ -186,7 +210,7 @@ Status TransferEngine::Impl::Init() {
     return st;
   }
   MC_LOG(kInfo) << "transfer engine '" << segment_name_ << "' ready: rpc " << advertised_ip_ << ":" << rpc_.port()
-                << ", transport " << transports_[0]->name() << ", metadata " << options_.metadata_conn;
+                << ", transports " << TransportNames() << ", metadata " << options_.metadata_conn;
   return Status::Ok();
 }
 
@@ -215,8 +239,12 @@ std::string TransferEngine::Impl::BuildLocalDescriptor() const {
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count());
   d.json["pid"] = getpid();
+  d.json["host_id"] = host_id_;
+  d.json["instance"] = instance_;
+  d.json["epoch"] = memory_.epoch();
+  if (memory_.epoch_fd() >= 0) d.json["epoch_fd"] = memory_.epoch_fd();
   for (const auto& r : memory_.List()) {
-    if (r.remote_accessible) d.buffers.push_back({r.location, r.start, r.length});
+    if (r.remote_accessible) d.buffers.push_back({r.location, r.start, r.length, r.shm_fd, r.shm_offset});
   }
   return d.Serialize();
 }

@@ -1,4 +1,5 @@
-// The C++ API end to end: two engines in one process talking over real TCP sockets (P2P handshake mode).
+// The C++ API end to end: two engines in one process (P2P handshake mode), over the same-host transport and,
+// with force_tcp, over real TCP sockets.
 #include "transfer_engine/api/engine.h"
 
 #include <gtest/gtest.h>
@@ -10,8 +11,9 @@
 namespace mooncake::te {
 namespace {
 
-std::unique_ptr<TransferEngine> MakeEngine() {
+std::unique_ptr<TransferEngine> MakeEngine(bool force_tcp = false) {
   EngineOptions o;
+  o.config.force_tcp = force_tcp;
   o.local_server_name = "127.0.0.1";
   o.metadata_conn = "P2PHANDSHAKE";
   auto e = TransferEngine::Create(o);
@@ -19,11 +21,11 @@ std::unique_ptr<TransferEngine> MakeEngine() {
   return std::move(e.value());
 }
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    a_ = MakeEngine();
-    b_ = MakeEngine();
+    a_ = MakeEngine(GetParam());
+    b_ = MakeEngine(GetParam());
     src_.resize(8 << 20);
     dst_.resize(8 << 20);
     std::iota(src_.begin(), src_.end(), 0);
@@ -49,7 +51,7 @@ class EngineTest : public ::testing::Test {
   SegmentHandle peer_ = kInvalidSegment;
 };
 
-TEST_F(EngineTest, BatchOfWritesAndReadsMovesTheBytes) {
+TEST_P(EngineTest, BatchOfWritesAndReadsMovesTheBytes) {
   auto batch = a_->AllocateBatch(3);
   ASSERT_TRUE(batch.ok());
   ASSERT_TRUE(a_->Submit(*batch, {Req(OpCode::kWrite, 0, 0, 3 << 20), Req(OpCode::kWrite, 3 << 20, 5 << 20, 1),
@@ -73,7 +75,7 @@ TEST_F(EngineTest, BatchOfWritesAndReadsMovesTheBytes) {
   EXPECT_EQ(memcmp(src_.data(), dst_.data(), 1 << 20), 0);
 }
 
-TEST_F(EngineTest, SubmitIsAllOrNothing) {
+TEST_P(EngineTest, SubmitIsAllOrNothing) {
   auto batch = a_->AllocateBatch(4);
   ASSERT_TRUE(batch.ok());
   std::vector<uint8_t> unregistered(64);
@@ -90,7 +92,7 @@ TEST_F(EngineTest, SubmitIsAllOrNothing) {
   EXPECT_EQ(a_->Submit(*batch, five).code(), ErrorCode::kTooManyRequests);
 }
 
-TEST_F(EngineTest, SegmentsNotificationsAndProbe) {
+TEST_P(EngineTest, SegmentsNotificationsAndProbe) {
   EXPECT_EQ(a_->OpenSegment("").status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(*a_->OpenSegment("/" + b_->segment_name()), peer_);
   EXPECT_EQ(*a_->OpenSegment(a_->segment_name()), kLocalSegment);
@@ -107,7 +109,7 @@ TEST_F(EngineTest, SegmentsNotificationsAndProbe) {
   EXPECT_TRUE(b_->TakeNotifications().empty());
 }
 
-TEST_F(EngineTest, UnregisteredTargetMemoryIsRejectedByTheTarget) {
+TEST_P(EngineTest, UnregisteredTargetMemoryIsRejectedByTheTarget) {
   // a_ cached b_'s descriptor in SetUp; b_ now withdraws the buffer. The target itself must refuse.
   ASSERT_TRUE(b_->UnregisterMemory(dst_.data()).ok());
   dst_[0] = 0x5a;
@@ -116,11 +118,28 @@ TEST_F(EngineTest, UnregisteredTargetMemoryIsRejectedByTheTarget) {
   ASSERT_TRUE(a_->Submit(*batch, {Req(OpCode::kWrite, 0, 0, 16)}).ok());
   auto st = a_->WaitBatch(*batch, std::chrono::seconds(30));
   EXPECT_EQ(st->state, TransferState::kFailed);
-  EXPECT_EQ(a_->GetTaskError(*batch, 0).code(), ErrorCode::kRemoteRejected);
+  // TCP: the target's listener refuses the range. Same host: the epoch the target shares says the cached
+  // descriptor is stale, so nothing is copied and the caller is told to refresh.
+  EXPECT_EQ(a_->GetTaskError(*batch, 0).code(), GetParam() ? ErrorCode::kRemoteRejected : ErrorCode::kStaleMetadata);
   EXPECT_EQ(dst_[0], 0x5a);
+  // A fresh descriptor no longer lists the buffer: refused before anything moves.
+  a_->InvalidateSegment(b_->segment_name());
+  auto again = a_->AllocateBatch(1);
+  EXPECT_EQ(a_->Submit(*again, {Req(OpCode::kWrite, 0, 0, 16)}).code(), ErrorCode::kAddressNotRegistered);
 }
 
-TEST_F(EngineTest, ManagedMemoryIsRegisteredAndPublished) {
+TEST_P(EngineTest, StatsShowWhichTransportCarriedTheData) {
+  ASSERT_TRUE(a_->TransferSync({Req(OpCode::kWrite, 0, 0, 1 << 20)}, std::chrono::seconds(30)).ok());
+  EXPECT_EQ(memcmp(src_.data(), dst_.data(), 1 << 20), 0);
+  std::string stats = a_->StatsJson();
+  const char* carrier = GetParam() ? "\"tcp\":{\"" : "\"shm\":{\"";
+  EXPECT_NE(stats.find(carrier), std::string::npos) << stats;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Tcp" : "SameHost"; });
+
+TEST_P(EngineTest, ManagedMemoryIsRegisteredAndPublished) {
   auto p = b_->AllocateManaged(1 << 20);
   ASSERT_TRUE(p.ok());
   memset(*p, 0x42, 1 << 20);

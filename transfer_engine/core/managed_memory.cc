@@ -46,7 +46,7 @@ StatusOr<ManagedMemory::Mapping> ManagedMemory::Map(size_t length) {
     close(fd);
     return st;
   }
-  Status st = register_(p, length);
+  Status st = register_(p, length, fd);
   if (!st.ok()) {
     munmap(p, length);
     close(fd);

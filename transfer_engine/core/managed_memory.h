@@ -18,7 +18,7 @@ namespace mooncake::te {
 /// slabs (pages are committed on first touch); freed blocks are reused by their class. Thread-safe.
 class ManagedMemory {
  public:
-  using RegisterFn = std::function<Status(void* addr, size_t length)>;
+  using RegisterFn = std::function<Status(void* addr, size_t length, int memfd)>;
   using UnregisterFn = std::function<void(void* addr)>;
 
   ManagedMemory(RegisterFn register_fn, UnregisterFn unregister_fn);

@@ -11,7 +11,8 @@ namespace {
 struct Recorder {
   std::set<void*> registered;
   ManagedMemory::RegisterFn reg() {
-    return [this](void* a, size_t) {
+    return [this](void* a, size_t, int fd) {
+      EXPECT_GE(fd, 0);
       registered.insert(a);
       return Status::Ok();
     };
@@ -61,7 +62,7 @@ TEST(ManagedMemoryTest, BadFreesAreRejected) {
 }
 
 TEST(ManagedMemoryTest, RegistrationFailureIsReported) {
-  ManagedMemory m([](void*, size_t) { return Status(ErrorCode::kMemory, "no"); }, [](void*) {});
+  ManagedMemory m([](void*, size_t, int) { return Status(ErrorCode::kMemory, "no"); }, [](void*) {});
   EXPECT_EQ(m.Allocate(4096).status().code(), ErrorCode::kMemory);
 }
 

@@ -1,5 +1,8 @@
 #include "transfer_engine/core/memory_registry.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <mutex>
 #include <sstream>
@@ -9,7 +12,31 @@
 #include "transfer_engine/common/log.h"
 
 namespace mooncake::te {
-Status MemoryRegistry::Register(uint64_t addr, uint64_t length, std::string location, bool remote_accessible) {
+MemoryRegistry::MemoryRegistry() {
+  epoch_ = &fallback_epoch_;
+  int fd = memfd_create("mooncake-epoch", MFD_CLOEXEC);
+  if (fd < 0) return;
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, 4096) == 0) p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return;
+  }
+  epoch_fd_ = fd;
+  epoch_ = new (p) std::atomic<uint64_t>(0);
+}
+
+MemoryRegistry::~MemoryRegistry() {
+  if (epoch_fd_ >= 0) {
+    munmap(reinterpret_cast<void*>(epoch_), 4096);
+    close(epoch_fd_);
+  }
+}
+
+uint64_t MemoryRegistry::epoch() const { return epoch_->load(std::memory_order_acquire); }
+
+Status MemoryRegistry::Register(uint64_t addr, uint64_t length, std::string location, bool remote_accessible,
+                                int shm_fd, uint64_t shm_offset) {
   if (addr == 0) return InvalidArgument("cannot register a null address");
   if (length == 0) return InvalidArgument("cannot register zero bytes at " + Hex(addr));
   if (addr + length < addr) return InvalidArgument("range at " + Hex(addr) + " wraps around the address space");
@@ -26,6 +53,8 @@ Status MemoryRegistry::Register(uint64_t addr, uint64_t length, std::string loca
   region->length = length;
   region->location = location.empty() ? "*" : std::move(location);
   region->remote_accessible = remote_accessible;
+  region->shm_fd = shm_fd;
+  region->shm_offset = shm_offset;
   by_start_.emplace(addr, std::move(region));
   order_.push_back(addr);
   return Status::Ok();
@@ -42,6 +71,7 @@ Status MemoryRegistry::Unregister(uint64_t addr, std::chrono::milliseconds drain
     region = std::move(it->second);
     by_start_.erase(it);
     order_.erase(std::find(order_.begin(), order_.end(), addr));
+    epoch_->fetch_add(1, std::memory_order_acq_rel);
   }
   auto deadline = std::chrono::steady_clock::now() + drain_timeout;
   while (region.use_count() > 1) {

@@ -1,6 +1,7 @@
 #ifndef MOONCAKE_TRANSFER_ENGINE_CORE_MEMORY_REGISTRY_H_
 #define MOONCAKE_TRANSFER_ENGINE_CORE_MEMORY_REGISTRY_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,10 @@ struct MemoryRegion {
   uint64_t length = 0;
   std::string location;  ///< "cpu:N", "*", ...
   bool remote_accessible = true;
+  /// When the range is backed by a memfd this process holds: its descriptor and the range's offset in it, so
+  /// same-host peers can map it (-1: private memory).
+  int shm_fd = -1;
+  uint64_t shm_offset = 0;
   uint64_t end() const { return start + length; }
 };
 
@@ -30,9 +35,19 @@ using RegionPin = std::shared_ptr<const MemoryRegion>;
 /// The set of locally registered ranges. Thread-safe; lookups take a shared lock only.
 class MemoryRegistry {
  public:
+  MemoryRegistry();
+  ~MemoryRegistry();
+
+  /// Counts unregistrations. It lives in a one-page memfd (`epoch_fd()`, -1 if unavailable) that same-host
+  /// peers map read-only: a peer whose cached descriptor carries an older epoch must refresh it before
+  /// touching this process's memory.
+  uint64_t epoch() const;
+  int epoch_fd() const { return epoch_fd_; }
+
   /// kInvalidArgument for a null address or zero length; kAddressOverlapped when [addr, addr+len) overlaps
   /// an existing registration.
-  Status Register(uint64_t addr, uint64_t length, std::string location, bool remote_accessible);
+  Status Register(uint64_t addr, uint64_t length, std::string location, bool remote_accessible,
+                  int shm_fd = -1, uint64_t shm_offset = 0);
 
   /// Removes the registration starting at `addr` (kAddressNotRegistered otherwise), then waits (up to
   /// `drain_timeout`) for transfers still using it. New transfers are rejected at once.
@@ -47,6 +62,9 @@ class MemoryRegistry {
   size_t size() const;
 
  private:
+  int epoch_fd_ = -1;
+  std::atomic<uint64_t>* epoch_ = nullptr;  // in the shared page (or in fallback_epoch_)
+  std::atomic<uint64_t> fallback_epoch_{0};
   mutable std::shared_mutex mu_;
   std::map<uint64_t, std::shared_ptr<MemoryRegion>> by_start_;
   std::vector<uint64_t> order_;  // registration order (starts)

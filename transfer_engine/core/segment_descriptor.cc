@@ -32,6 +32,13 @@ StatusOr<SegmentDescriptor> SegmentDescriptor::Parse(std::string_view text) {
       bd.addr = ba->get<uint64_t>();
       bd.length = bl->get<uint64_t>();
       if (bd.addr == 0 || bd.length == 0 || bd.addr + bd.length < bd.addr) return bad("buffer with bad range");
+      auto fd = b.find("shm_fd");
+      if (fd != b.end()) {
+        auto off = b.find("shm_offset");
+        if (!fd->is_number_integer() || off == b.end() || !off->is_number_unsigned()) return bad("bad shm fields");
+        bd.shm_fd = fd->get<int>();
+        bd.shm_offset = off->get<uint64_t>();
+      }
       d.buffers.push_back(std::move(bd));
     }
   }
@@ -44,7 +51,14 @@ std::string SegmentDescriptor::Serialize() const {
   j["name"] = name;
   j["protocol"] = protocol;
   nlohmann::json list = nlohmann::json::array();
-  for (const auto& b : buffers) list.push_back({{"name", b.name}, {"addr", b.addr}, {"length", b.length}});
+  for (const auto& b : buffers) {
+    nlohmann::json jb = {{"name", b.name}, {"addr", b.addr}, {"length", b.length}};
+    if (b.shm_fd >= 0) {
+      jb["shm_fd"] = b.shm_fd;
+      jb["shm_offset"] = b.shm_offset;
+    }
+    list.push_back(std::move(jb));
+  }
   j["buffers"] = std::move(list);
   return j.dump();
 }

@@ -16,6 +16,8 @@ struct BufferDescriptor {
   std::string name;  ///< the registration's location ("cpu:0", "*")
   uint64_t addr = 0;
   uint64_t length = 0;
+  int shm_fd = -1;  ///< memfd of the owning process backing this buffer (-1: none), for same-host mapping
+  uint64_t shm_offset = 0;
 };
 
 /// What a segment publishes about itself (Mooncake's JSON shape, reference §1.6): `name`, `protocol`,

@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <set>
@@ -69,6 +70,17 @@ std::vector<NicInfo> DiscoverNics(const std::string& filter) {
   }
   freeifaddrs(ifs);
   return out;
+}
+
+std::string LocalHostId() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  auto ns = [](const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? std::to_string(st.st_ino) : std::string("?");
+  };
+  return boot + "/" + ns("/proc/self/ns/net") + "/" + ns("/proc/self/ns/pid");
 }
 
 std::string DiscoverTopologyJson(const std::string& filter) {

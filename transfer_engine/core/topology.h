@@ -17,6 +17,11 @@ struct NicInfo {
 /// allow-list (empty: all). Read from /sys/class/net and getifaddrs.
 std::vector<NicInfo> DiscoverNics(const std::string& filter);
 
+/// Identifies "this host" for same-host transports: kernel boot id, network namespace and PID namespace
+/// ("<boot_id>/<netns inode>/<pidns inode>"). Processes with equal ids can share memory and see each other in
+/// /proc; network namespaces on one kernel count as different hosts (that is how multi-host tests run).
+std::string LocalHostId();
+
 /// Mooncake's priority matrix ({"cpu:N": [[NICs on node N], [other NICs]]}) for this host's NUMA nodes.
 std::string DiscoverTopologyJson(const std::string& filter);
 

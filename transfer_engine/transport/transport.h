@@ -31,6 +31,8 @@ struct TransportContext {
   MemoryRegistry* memory = nullptr;  ///< local registrations; the authority for what peers may touch
   std::string local_segment_name;
   std::string advertised_ip;  ///< the address peers should use to reach this host
+  std::string host_id;        ///< LocalHostId(): equal on peers that share this kernel and namespaces
+  std::string instance;       ///< this engine's random id (the descriptor's "instance")
 };
 
 /// A data path between registered memory of two engines. Implementations live in their own folder under

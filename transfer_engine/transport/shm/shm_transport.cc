@@ -1,0 +1,292 @@
+#include "transfer_engine/transport/shm/shm_transport.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "transfer_engine/common/format.h"
+#include "transfer_engine/common/log.h"
+
+namespace mooncake::te::shm {
+
+/// A peer's memfd mapped here. Unmapped when the last user lets go.
+struct ShmTransport::Mapping {
+  char* base = nullptr;
+  size_t length = 0;
+  ~Mapping() {
+    if (base) munmap(base, length);
+  }
+};
+
+namespace {
+
+std::string PeerKey(const SegmentDescriptor& d) { return d.json.value("instance", d.name); }
+
+// Cross-memory attach, looping over partial transfers (the kernel may stop at page boundaries).
+Status Attach(int pid, OpCode op, char* local, uint64_t remote, size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    iovec l{local + done, len - done};
+    iovec r{reinterpret_cast<void*>(remote + done), len - done};
+    ssize_t n = op == OpCode::kWrite ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return Status(ErrorCode::kSocket, std::string(op == OpCode::kWrite ? "process_vm_writev" : "process_vm_readv") +
+                                            " to pid " + std::to_string(pid) + ": " +
+                                            (n < 0 ? strerror(errno) : "no progress"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+ShmTransport::ShmTransport() = default;
+ShmTransport::~ShmTransport() { Stop(); }
+
+TransportCapabilities ShmTransport::capabilities() const {
+  TransportCapabilities c;
+  c.remote_hosts = false;
+  c.same_host = true;
+  c.host_memory = true;
+  c.priority = 10;
+  return c;
+}
+
+Status ShmTransport::Start(const TransportContext& ctx) {
+  ctx_ = ctx;
+  pid_ = getpid();
+  int threads = 1;
+  if (const char* v = getenv("MC_SHM_THREADS")) threads = std::max(1, std::min(64, atoi(v)));
+  if (const char* v = getenv("MC_SHM_SLICE_SIZE")) {
+    long long s = atoll(v);
+    if (s >= 4096) slice_size_ = static_cast<size_t>(s);
+  }
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Worker(); });
+  return Status::Ok();
+}
+
+void ShmTransport::Stop() {
+  {
+    std::lock_guard lock(jobs_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  jobs_cv_.notify_all();
+  for (auto& w : workers_) w.join();  // workers finish the queue first: every slice completes
+  workers_.clear();
+  std::lock_guard lock(mu_);
+  peers_.clear();
+}
+
+ShmTransport::Peer& ShmTransport::PeerFor(const SegmentDescriptor& desc) const {
+  auto [it, inserted] = peers_.try_emplace(PeerKey(desc));
+  Peer& p = it->second;
+  if (!inserted) return p;
+  p.name = desc.name;
+  p.pid = desc.json.value("pid", 0);
+  if (p.pid == pid_) return p;  // this process: plain memcpy
+  // Probe once whether the kernel lets us at the peer's memory (ptrace access mode): read one byte.
+  if (p.pid <= 0) {
+    p.usable = false;
+    p.why = "the descriptor has no pid";
+  } else if (!desc.buffers.empty()) {
+    char byte;
+    iovec l{&byte, 1}, r{reinterpret_cast<void*>(desc.buffers[0].addr), 1};
+    if (process_vm_readv(p.pid, &l, 1, &r, 1, 0) != 1) {
+      p.usable = false;
+      p.why = std::string("cross-memory attach refused: ") + strerror(errno);
+    }
+  }
+  if (!p.usable) {
+    MC_LOG(kWarning) << "same-host transport cannot reach '" << desc.name << "' (" << p.why
+                     << "); using the network transport for it";
+  }
+  return p;
+}
+
+bool ShmTransport::CanReach(const SegmentDescriptor& peer) const {
+  if (peer.json.value("host_id", "") != ctx_.host_id || ctx_.host_id.empty()) return false;
+  std::lock_guard lock(mu_);
+  return PeerFor(peer).usable;
+}
+
+StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const SegmentDescriptor& desc,
+                                                                         const BufferDescriptor& buf) {
+  {
+    std::lock_guard lock(mu_);
+    Peer& p = PeerFor(desc);
+    auto it = p.mappings.find(buf.shm_fd);
+    if (it != p.mappings.end()) return it->second;
+  }
+  int pid = desc.json.value("pid", 0);
+  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(buf.shm_fd);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Status(ErrorCode::kSocket, "open " + path + ": " + strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < buf.shm_offset + buf.length) {
+    close(fd);
+    return Status(ErrorCode::kSocket, path + " is smaller than the buffer it should back");
+  }
+  void* base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return Status(ErrorCode::kMemory, "mmap " + path + ": " + strerror(errno));
+  auto m = std::make_shared<Mapping>();
+  m->base = static_cast<char*>(base);
+  m->length = static_cast<size_t>(st.st_size);
+  std::lock_guard lock(mu_);
+  PeerFor(desc).mappings[buf.shm_fd] = m;
+  return m;
+}
+
+Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
+  const std::atomic<uint64_t>* epoch = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    Peer& p = PeerFor(desc);
+    if (!p.epoch && desc.json.contains("epoch_fd")) {
+      std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(desc.json.value("epoch_fd", -1));
+      int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        void* page = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (page != MAP_FAILED) {
+          p.epoch = std::make_shared<Mapping>();
+          p.epoch->base = static_cast<char*>(page);
+          p.epoch->length = 4096;
+        }
+      }
+    }
+    if (p.epoch) epoch = reinterpret_cast<const std::atomic<uint64_t>*>(p.epoch->base);
+  }
+  if (!epoch) {
+    return Status(ErrorCode::kRemoteRejected, "cannot check the registrations of '" + desc.name + "'");
+  }
+  if (epoch->load(std::memory_order_acquire) != desc.json.value("epoch", uint64_t{0})) {
+    return Status(ErrorCode::kStaleMetadata, "'" + desc.name + "' unregistered memory since its descriptor was "
+                                                 "fetched; refresh it and retry");
+  }
+  return Status::Ok();
+}
+
+Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
+  auto copy = [s](char* remote) {
+    if (s->opcode == OpCode::kWrite) memcpy(remote, s->local, s->length);
+    else memcpy(s->local, remote, s->length);
+  };
+  if (desc.json.value("instance", "") == ctx_.instance) {
+    // This engine's own segment: its registry is the authority, and the pin blocks unregistering meanwhile.
+    RegionPin pin = ctx_.memory->Find(s->remote, s->length, /*remote=*/true);
+    if (!pin) {
+      return Status(ErrorCode::kRemoteRejected,
+                    "range " + Range(s->remote, s->length) + " is not registered for remote access");
+    }
+    copy(reinterpret_cast<char*>(s->remote));
+    return Status::Ok();
+  }
+  MC_RETURN_IF_ERROR(CheckEpoch(desc));
+  const BufferDescriptor* buf = desc.FindBuffer(s->remote, s->length);
+  if (!buf) {
+    return Status(ErrorCode::kAddressNotRegistered,
+                  "range " + Range(s->remote, s->length) + " is not inside a buffer of '" + desc.name + "'");
+  }
+  int pid = desc.json.value("pid", 0);
+  if (pid == pid_) {  // another engine in this process: same address space
+    copy(reinterpret_cast<char*>(s->remote));
+    return Status::Ok();
+  }
+  if (buf->shm_fd >= 0) {
+    auto m = MapBuffer(desc, *buf);
+    if (m.ok()) {
+      copy((*m)->base + buf->shm_offset + (s->remote - buf->addr));
+      std::lock_guard lock(mu_);
+      PeerFor(desc).mapped_copies++;
+      return Status::Ok();
+    }
+    MC_LOG(kDebug) << "mapping a buffer of '" << desc.name << "' failed (" << m.status().message()
+                   << "); using cross-memory attach";
+  }
+  Status st = Attach(pid, s->opcode, s->local, s->remote, s->length);
+  if (st.ok()) {
+    std::lock_guard lock(mu_);
+    PeerFor(desc).attach_copies++;
+  }
+  return st;
+}
+
+void ShmTransport::Copy(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
+  for (Slice* s : slices) {
+    Status st = CopySlice(desc, s);
+    {
+      std::lock_guard lock(mu_);
+      Peer& p = PeerFor(desc);
+      if (st.ok()) {
+        p.bytes += s->length;
+        p.slices++;
+      } else {
+        p.errors++;
+      }
+    }
+    s->Complete(st);
+  }
+}
+
+void ShmTransport::Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) {
+  if (slices.empty()) return;
+  {
+    std::lock_guard lock(jobs_mu_);
+    if (!stopping_) {
+      jobs_.push_back({std::make_shared<SegmentDescriptor>(peer), slices});
+      jobs_cv_.notify_one();
+      return;
+    }
+  }
+  for (Slice* s : slices) s->Complete(Status(ErrorCode::kSocket, "transfer engine is shutting down"));
+}
+
+void ShmTransport::SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) {
+  Copy(peer, slices);
+}
+
+void ShmTransport::Worker() {
+  std::unique_lock lock(jobs_mu_);
+  while (true) {
+    jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    Copy(*job.peer, job.slices);
+    lock.lock();
+  }
+}
+
+void ShmTransport::ForgetPeer(const std::string& segment_name) {
+  std::lock_guard lock(mu_);
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    it = it->second.name == segment_name ? peers_.erase(it) : std::next(it);
+  }
+}
+
+nlohmann::json ShmTransport::Stats() const {
+  std::lock_guard lock(mu_);
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, p] : peers_) {
+    out[p.name] = {{"bytes", p.bytes},       {"slices", p.slices},
+                   {"errors", p.errors},     {"mapped_copies", p.mapped_copies},
+                   {"attach_copies", p.attach_copies}, {"state", p.usable ? "up" : "unusable: " + p.why}};
+  }
+  return out;
+}
+
+MC_REGISTER_TRANSPORT("shm", ShmTransport);
+
+}  // namespace mooncake::te::shm

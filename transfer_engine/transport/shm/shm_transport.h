@@ -1,0 +1,87 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_SHM_SHM_TRANSPORT_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_SHM_SHM_TRANSPORT_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transfer_engine/transport/transport.h"
+
+namespace mooncake::te::shm {
+
+/// Same-host transport: one copy, no socket. A target buffer backed by a memfd (allocate_managed_buffer) is
+/// mapped into this process once (/proc/<pid>/fd/<fd>) and copied with memcpy; other registered memory is
+/// copied with cross-memory attach (process_vm_readv/writev); a target in this process is a plain memcpy.
+/// Reaches only segments with this host's host_id. When the kernel forbids access to a peer (ptrace policy,
+/// another user), CanReach says no (logged once per peer) and the engine uses its network transport.
+///
+/// Trust: the kernel lets only processes with ptrace rights over the target (same user) map or attach its
+/// memory. Before each copy the initiator checks the range against the buffers the target published and that
+/// the target's registration epoch (a page it shares read-only) still equals the descriptor's, so memory the
+/// target unregistered is never touched (short of an unregistration racing the copy itself). Within one
+/// process the registry is checked and pinned directly.
+///
+/// Threading: SubmitAndDrive copies on the caller's thread; Submit hands the work to MC_SHM_THREADS workers.
+class ShmTransport : public Transport {
+ public:
+  ShmTransport();
+  ~ShmTransport() override;
+
+  std::string name() const override { return "shm"; }
+  TransportCapabilities capabilities() const override;
+  Status Start(const TransportContext& ctx) override;
+  void Stop() override;
+  void Describe(nlohmann::json&) const override {}
+  bool CanReach(const SegmentDescriptor& peer) const override;
+  void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
+  void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
+  void ForgetPeer(const std::string& segment_name) override;
+  size_t slice_size() const override { return slice_size_; }
+  nlohmann::json Stats() const override;
+
+ private:
+  struct Mapping;
+  struct Peer {
+    std::string name;
+    int pid = 0;
+    bool usable = true;
+    std::string why;  // when not usable
+    std::map<int, std::shared_ptr<Mapping>> mappings;  // by the peer's memfd number
+    std::shared_ptr<Mapping> epoch;                    // the peer's registration epoch page
+    uint64_t bytes = 0, slices = 0, errors = 0, mapped_copies = 0, attach_copies = 0;
+  };
+  struct Job {
+    std::shared_ptr<const SegmentDescriptor> peer;
+    std::vector<Slice*> slices;
+  };
+
+  Peer& PeerFor(const SegmentDescriptor& desc) const;  // mu_ held
+  void Copy(const SegmentDescriptor& desc, const std::vector<Slice*>& slices);
+  Status CopySlice(const SegmentDescriptor& desc, Slice* s);
+  /// kStaleMetadata when the peer unregistered memory after `desc` was fetched (its epoch page moved on).
+  Status CheckEpoch(const SegmentDescriptor& desc);
+  StatusOr<std::shared_ptr<Mapping>> MapBuffer(const SegmentDescriptor& desc, const BufferDescriptor& buf);
+  void Worker();
+
+  TransportContext ctx_;
+  size_t slice_size_ = 64 << 20;
+  int pid_ = 0;
+  mutable std::mutex mu_;  // guards peers_
+  mutable std::map<std::string, Peer> peers_;  // by peer instance id
+
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<Job> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace mooncake::te::shm
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_SHM_SHM_TRANSPORT_H_
