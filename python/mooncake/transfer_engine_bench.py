@@ -12,6 +12,7 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -49,12 +50,32 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-class Endpoint:
-    """An initialized engine with one registered buffer."""
+@contextlib.contextmanager
+def env_var(name: str, value: str | None):
+    """Sets (or, with None, removes) an environment variable for the duration of the block."""
+    saved = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
-    def __init__(self, name: str, metadata: str, size: int, protocol: str = "tcp", device: str = ""):
+
+class Endpoint:
+    """An initialized engine with one registered buffer. force_tcp keeps same-host peers on TCP."""
+
+    def __init__(self, name: str, metadata: str, size: int, protocol: str = "tcp", device: str = "",
+                 force_tcp: bool = False):
         self.engine = TransferEngine()
-        if self.engine.initialize(name, metadata, protocol, device) != 0:
+        with env_var("MC_FORCE_TCP", "1" if force_tcp else os.environ.get("MC_FORCE_TCP")):
+            rc = self.engine.initialize(name, metadata, protocol, device)  # reads MC_* now
+        if rc != 0:
             raise SystemExit(f"error: could not initialize the engine '{name}' with metadata '{metadata}' "
                              "(see the log line above)")
         self.buffer = np.zeros(size, dtype=np.uint8)
@@ -72,6 +93,8 @@ class Endpoint:
 def run_target(args) -> int:
     ep = Endpoint(args.local_server_name, args.metadata_server, args.buffer_size, args.protocol, args.device_name)
     info = {"segment": ep.name, "buffer": ep.addr, "size": args.buffer_size}
+    if args.managed_size:  # engine-allocated (memfd) memory that same-host peers map
+        info["managed"] = ep.engine.allocate_managed_buffer(args.managed_size)
     raw = None
     if args.raw_socket:
         from mooncake._native import bench
@@ -92,9 +115,10 @@ def run_target(args) -> int:
 class Target:
     """A target process started by demo/compare modes."""
 
-    def __init__(self, metadata: str, name: str, size: int, raw_socket: bool):
+    def __init__(self, metadata: str, name: str, size: int, raw_socket: bool, managed_size: int = 0):
         cmd = [sys.executable, "-m", "mooncake.transfer_engine_bench", "--mode", "target", "--metadata_server",
-               metadata, "--local_server_name", name, "--buffer_size", str(size)]
+               metadata, "--local_server_name", name, "--buffer_size", str(size), "--managed_size",
+               str(managed_size)]
         if raw_socket:
             cmd.append("--raw_socket")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -149,51 +173,61 @@ def te_op(ep: Endpoint, target: dict, write: bool, size: int, count: int):
     return lambda: fn(seg, locals_, remotes, lengths)
 
 
+def demo_rows(ep: Endpoint, target: dict) -> tuple[list, int]:
+    """Write and read back every size, verifying the data; then four verified 64 MiB round trips."""
+    size = ep.buffer.nbytes
+    rows, moved = [], 0
+    rng = np.random.default_rng(7)
+    check = np.empty(size, dtype=np.uint8)
+    for n, _ in CASES[:-1]:
+        iters = iterations(n, 256 * MiB, lo=8, hi=500)
+        ep.buffer[:n] = rng.integers(0, 256, n, dtype=np.uint8)
+        w = summary(timed(te_op(ep, target, True, n, 1), iters), n)
+        saved = ep.buffer[:n].copy()
+        ep.buffer[:n] = 0
+        r = summary(timed(te_op(ep, target, False, n, 1), iters), n)
+        if not np.array_equal(ep.buffer[:n], saved):
+            raise SystemExit(f"error: data mismatch after a {human(n)} round trip")
+        moved += 2 * n * iters
+        rows.append((human(n), iters, w, r))
+    for _ in range(4):
+        ep.buffer[:] = rng.integers(0, 256, size, dtype=np.uint8)
+        check[:] = ep.buffer
+        if ep.engine.transfer_sync_write(target["segment"], ep.addr, target["buffer"], size):
+            raise SystemExit("error: write failed")
+        ep.buffer[:] = 0
+        if ep.engine.transfer_sync_read(target["segment"], ep.addr, target["buffer"], size):
+            raise SystemExit("error: read failed")
+        if not np.array_equal(check, ep.buffer):
+            raise SystemExit("error: data mismatch after a 64 MiB round trip")
+        moved += 2 * size
+    return rows, moved
+
+
 def run_demo(args) -> int:
     from mooncake.http_metadata_server import HttpMetadataServer
 
     size = 64 * MiB
+    tables = []
     with HttpMetadataServer("127.0.0.1", 0) as meta:
         log(f"metadata server at {meta.url}")
         target = Target(meta.url, "127.0.0.1:17001", size, raw_socket=False)
         try:
-            ep = Endpoint("127.0.0.1:17002", meta.url, size)
-            rows, moved = [], 0
-            rng = np.random.default_rng(7)
-            check = np.empty(size, dtype=np.uint8)
-            for n, count in CASES[:-1]:
-                iters = iterations(n, 256 * MiB, lo=8, hi=500)
-                ep.buffer[:n] = rng.integers(0, 256, n, dtype=np.uint8)
-                w = summary(timed(te_op(ep, target.info, True, n, 1), iters), n)
-                saved = ep.buffer[:n].copy()
-                ep.buffer[:n] = 0
-                r = summary(timed(te_op(ep, target.info, False, n, 1), iters), n)
-                if not np.array_equal(ep.buffer[:n], saved):
-                    raise SystemExit(f"error: data mismatch after a {human(n)} round trip")
-                moved += 2 * n * iters
-                rows.append((human(n), iters, w, r))
-            # Whole-buffer verification: write random 64 MiB, read it back into another buffer, compare.
-            for _ in range(4):
-                ep.buffer[:] = rng.integers(0, 256, size, dtype=np.uint8)
-                if ep.engine.transfer_sync_write(target.info["segment"], ep.addr, target.info["buffer"], size):
-                    raise SystemExit("error: write failed")
-                check[:] = ep.buffer
-                ep.buffer[:] = 0
-                if ep.engine.transfer_sync_read(target.info["segment"], ep.addr, target.info["buffer"], size):
-                    raise SystemExit("error: read failed")
-                if not np.array_equal(check, ep.buffer):
-                    raise SystemExit("error: data mismatch after a 64 MiB round trip")
-                moved += 2 * size
-            ep.engine = None  # unpublish while the metadata server still runs
+            for i, (label, force_tcp) in enumerate([("TCP (loopback)", True), ("same-host shared memory", False)]):
+                ep = Endpoint(f"127.0.0.1:{17002 + i}", meta.url, size, force_tcp=force_tcp)
+                rows, moved = demo_rows(ep, target.info)
+                ep.engine = None  # unpublish while the metadata server still runs
+                tables.append((label, rows, moved))
         finally:
             target.close()
-    print(f"\nTransfer Engine over TCP, 2 processes on 127.0.0.1, HTTP metadata; {moved / GiB:.2f} GiB moved, "
-          "all verified\n")
-    print(f"{'size':>9} {'iters':>6} | {'write GB/s':>10} {'p50 us':>9} {'p99 us':>9} | {'read GB/s':>10} "
-          f"{'p50 us':>9} {'p99 us':>9}")
-    for name, iters, w, r in rows:
-        print(f"{name:>9} {iters:>6} | {w['gbps']:>10.2f} {w['p50_us']:>9.1f} {w['p99_us']:>9.1f} | "
-              f"{r['gbps']:>10.2f} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}")
+    for label, rows, moved in tables:
+        print(f"\nTransfer Engine, {label}: 2 processes on 127.0.0.1, HTTP metadata; {moved / GiB:.2f} GiB moved, "
+              "all verified\n")
+        print(f"{'size':>9} {'iters':>6} | {'write GB/s':>10} {'p50 us':>9} {'p99 us':>9} | {'read GB/s':>10} "
+              f"{'p50 us':>9} {'p99 us':>9}")
+        for name, iters, w, r in rows:
+            print(f"{name:>9} {iters:>6} | {w['gbps']:>10.2f} {w['p50_us']:>9.1f} {w['p99_us']:>9.1f} | "
+                  f"{r['gbps']:>10.2f} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}")
     return 0
 
 
@@ -214,15 +248,46 @@ def wait_cpu_fraction(ep: Endpoint, target: dict) -> float:
     return worst
 
 
+def same_host_rows(metadata: str, tcp_ep: "Endpoint", target: dict, rounds: int) -> list[dict]:
+    """64 MiB transfers to the same-host target: shared-memory mapping (engine-allocated target memory), cross-
+    memory attach (plain registered memory) and, for scale, TCP over loopback; each against memcpy timed
+    right next to it."""
+    from mooncake._native import bench
+
+    n = 64 * MiB
+    ep = Endpoint("127.0.0.1:17013", metadata, n)
+    scratch = np.ones(n, dtype=np.uint8)
+    paths = [("shm, mapped (managed buffer)", ep, target["managed"]),
+             ("shm, cross-memory attach", ep, target["buffer"]),
+             ("tcp loopback (for scale)", tcp_ep, target["buffer"])]
+    rows = []
+    for label, endpoint, remote in paths:
+        for write in (True, False):
+            fn = endpoint.engine.transfer_sync_write if write else endpoint.engine.transfer_sync_read
+            lat, copies = [], []
+            for _ in range(rounds * 4):
+                copies.append(bench.memcpy_bandwidth(scratch.ctypes.data, endpoint.addr, n, 1))
+                t = time.perf_counter()
+                if fn(target["segment"], endpoint.addr, remote, n) != 0:
+                    raise SystemExit(f"error: same-host {label} transfer failed")
+                lat.append(time.perf_counter() - t)
+            s = summary(lat[1:], n)  # the first one maps the peer's memory
+            mc = float(np.median(copies))
+            rows.append({"path": label, "op": "write" if write else "read", "gbps": s["gbps"], "memcpy_gbps": mc,
+                         "ratio": s["gbps"] / mc, "p50_us": s["p50_us"]})
+    ep.engine = None
+    return rows
+
+
 def run_compare(args) -> int:
     from mooncake._native import bench
     from mooncake.http_metadata_server import HttpMetadataServer
 
     size = 128 * MiB
     with HttpMetadataServer("127.0.0.1", 0) as meta:
-        target = Target(meta.url, "127.0.0.1:17011", size, raw_socket=True)
+        target = Target(meta.url, "127.0.0.1:17011", size, raw_socket=True, managed_size=64 * MiB)
         try:
-            ep = Endpoint("127.0.0.1:17012", meta.url, size)
+            ep = Endpoint("127.0.0.1:17012", meta.url, size, force_tcp=True)
             raw = bench.RawSocketClient()
             raw.connect("127.0.0.1", target.info["raw_port"])
             src = np.ones(64 * MiB, dtype=np.uint8)
@@ -236,27 +301,32 @@ def run_compare(args) -> int:
                     iters = iterations(n * count, args.bytes_per_case, lo=10, hi=3000)
                     chunk = max(1, iters // 10)
                     for write in (True, False):
-                        acc = results.setdefault((n, count, "write" if write else "read"), ([], []))
+                        acc = results.setdefault((n, count, "write" if write else "read"), ([], [], []))
                         op = te_op(ep, target.info, write, n, count)
                         for _ in range(0, iters, chunk):
-                            acc[1].extend(raw.timed(write, ep.addr, n, count, chunk))
-                            acc[0].extend(timed(op, chunk))
+                            r_chunk = raw.timed(write, ep.addr, n, count, chunk)
+                            t_chunk = timed(op, chunk)
+                            acc[1].extend(r_chunk)
+                            acc[0].extend(t_chunk)
+                            acc[2].append(sum(r_chunk) / sum(t_chunk))  # paired: same moment, same machine
             wait_cpu = wait_cpu_fraction(ep, target.info)
+            same_host = same_host_rows(meta.url, ep, target.info, args.rounds)
             ep.engine = None
         finally:
             target.close()
     rows = []
-    for (n, count, op), (t_lat, r_lat) in results.items():
+    for (n, count, op), (t_lat, r_lat, paired) in results.items():
         te, rs = summary(t_lat, n * count), summary(r_lat, n * count)
         rows.append({"size": n, "count": count, "op": op, "te_gbps": te["gbps"], "raw_gbps": rs["gbps"],
-                     "throughput_ratio": te["gbps"] / rs["gbps"], "te_p50_us": te["p50_us"],
+                     "throughput_ratio": float(np.median(paired)), "te_p50_us": te["p50_us"],
                      "te_p99_us": te["p99_us"], "raw_p50_us": rs["p50_us"], "raw_p99_us": rs["p99_us"],
                      "p50_ratio": te["p50_us"] / rs["p50_us"]})
     if args.json:
-        print(json.dumps({"memcpy_gbps": memcpy, "wait_cpu_fraction": wait_cpu, "rows": rows}, indent=1))
+        print(json.dumps({"memcpy_gbps": memcpy, "wait_cpu_fraction": wait_cpu, "rows": rows,
+                          "same_host": same_host}, indent=1))
         return 0
     print(f"\nTE (TCP, 2 processes, loopback) vs a plain single-stream TCP socket doing the same work, "
-          f"interleaved, {args.rounds} rounds\n")
+          f"interleaved, {args.rounds} rounds\n(TE/raw throughput: median over back-to-back pairs of short runs)\n")
     print(f"{'case':>16} {'op':>5} | {'TE GB/s':>8} {'raw GB/s':>8} {'TE/raw':>6} | {'TE p50':>8} {'raw p50':>8} "
           f"{'TE/raw':>6} | {'TE p99':>8} {'raw p99':>8}   (latencies in us)")
     for r in rows:
@@ -266,6 +336,11 @@ def run_compare(args) -> int:
               f"{r['raw_p99_us']:>8.1f}")
     print(f"\nsingle-core memcpy: {memcpy:.2f} GB/s; a thread waiting for a transfer used "
           f"{wait_cpu * 100:.1f}% of a core")
+    print("\nSame host, 64 MiB between the two processes, vs single-core memcpy of 64 MiB measured alongside\n")
+    print(f"{'path':>34} {'op':>5} | {'GB/s':>6} {'memcpy':>6} {'ratio':>6} | {'p50 us':>8}")
+    for r in same_host:
+        print(f"{r['path']:>34} {r['op']:>5} | {r['gbps']:>6.2f} {r['memcpy_gbps']:>6.2f} {r['ratio']:>6.2f} | "
+              f"{r['p50_us']:>8.0f}")
     return 0
 
 
@@ -332,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="initiator: seconds to run")
     p.add_argument("--threads", type=int, default=1, help="initiator: submitting threads")
     p.add_argument("--raw_socket", action="store_true", help="target: also serve the raw-socket yardstick")
+    p.add_argument("--managed_size", type=parse_size, default=0,
+                   help="target: also expose this much engine-allocated (shareable) memory")
     p.add_argument("--rounds", type=int, default=3, help="compare: interleaved rounds")
     p.add_argument("--bytes_per_case", type=parse_size, default=256 * MiB, help="compare: bytes per case and round")
     p.add_argument("--json", action="store_true", help="compare: print JSON")

@@ -5,12 +5,14 @@ then answers each command on stdin with one JSON line. Commands:
   {"cmd": "fill", "offset", "length", "seed"}      write pseudo-random bytes (numpy default_rng(seed))
   {"cmd": "digest", "offset", "length"}            sha256 hex of a range
   {"cmd": "unregister"} / {"cmd": "register"}      drop / restore the buffer's registration
+  {"cmd": "stats"}                                 the engine's transport counters
   {"cmd": "notifies"}                              drain received notifications
   {"cmd": "exit"}
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -25,15 +27,22 @@ def pattern(length: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, length, dtype=np.uint8)
 
 
-def _child(name: str, metadata: str, size: int) -> None:
+def _child(name: str, metadata: str, size: int, managed: bool) -> None:
     from mooncake.engine import TransferEngine
 
+    if os.environ.get("MC_TEST_NONDUMPABLE"):  # refuse ptrace-style access (same-host transport) to this process
+        PR_SET_DUMPABLE = 4
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     engine = TransferEngine()
     if engine.initialize(name, metadata, "tcp", "") != 0:
         print(json.dumps({"error": "initialize failed"}), flush=True)
         sys.exit(1)
-    buf = np.zeros(size, dtype=np.uint8)
-    assert engine.register_memory(buf.ctypes.data, size) == 0
+    if managed:  # engine-allocated (memfd) memory: same-host peers map it
+        addr = engine.allocate_managed_buffer(size)
+        buf = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr))
+    else:
+        buf = np.zeros(size, dtype=np.uint8)
+        assert engine.register_memory(buf.ctypes.data, size) == 0
     print(json.dumps({"segment": engine.get_local_segment_name(), "buffer": buf.ctypes.data, "size": size,
                       "rpc_port": engine.get_rpc_port(), "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -45,6 +54,8 @@ def _child(name: str, metadata: str, size: int) -> None:
             out["sha256"] = hashlib.sha256(buf[req["offset"]:req["offset"] + req["length"]]).hexdigest()
         elif cmd == "unregister":
             out["rc"] = engine.unregister_memory(buf.ctypes.data)
+        elif cmd == "stats":
+            out["stats"] = json.loads(engine.get_stats())
         elif cmd == "register":
             out["rc"] = engine.register_memory(buf.ctypes.data, size)
         elif cmd == "notifies":
@@ -58,9 +69,10 @@ def _child(name: str, metadata: str, size: int) -> None:
 class EnginePeer:
     """Starts the child; `call(cmd, **kw)` sends a command and returns the reply. Kill-safe."""
 
-    def __init__(self, metadata: str, name: str = "127.0.0.1", size: int = 64 << 20, env: dict | None = None):
+    def __init__(self, metadata: str, name: str = "127.0.0.1", size: int = 64 << 20, env: dict | None = None,
+                 managed: bool = False):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mooncake.testing.engine_peer", name, metadata, str(size)],
+            [sys.executable, "-m", "mooncake.testing.engine_peer", name, metadata, str(size), str(int(managed))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})})
         line = self.proc.stdout.readline()
@@ -98,4 +110,4 @@ class EnginePeer:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    _child(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")

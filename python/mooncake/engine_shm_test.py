@@ -1,0 +1,142 @@
+"""Same-host transport between real processes: memfd mapping, cross-memory attach, selection and fallback."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from mooncake.engine import TransferEngine
+from mooncake.testing.engine_peer import EnginePeer, pattern
+
+MiB = 1 << 20
+
+
+def sha(a):
+    return hashlib.sha256(a).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def local():
+    engine = TransferEngine()
+    assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    buf = np.zeros(64 * MiB, dtype=np.uint8)
+    assert engine.register_memory(buf.ctypes.data, buf.nbytes) == 0
+    yield engine, buf
+    engine.close()
+
+
+def carriers(engine):
+    stats = json.loads(engine.get_stats())
+    shm = sum(p["bytes"] for p in stats.get("shm", {}).values())
+    tcp = sum(p["bytes"] for p in stats.get("tcp", {}).values())
+    return shm, tcp, stats
+
+
+@pytest.mark.parametrize("managed", [True, False], ids=["memfd-mapping", "cross-memory-attach"])
+def test_same_host_round_trips_skip_the_network(local, managed):
+    engine, buf = local
+    peer = EnginePeer("P2PHANDSHAKE", size=32 * MiB, managed=managed)
+    try:
+        shm0, tcp0, _ = carriers(engine)
+        for i, n in enumerate([1, 4096, 3 * MiB + 5, 32 * MiB]):
+            buf[:n] = pattern(n, i)
+            assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer, n) == 0
+            assert peer.digest(0, n) == sha(buf[:n])
+            peer.call("fill", offset=0, length=n, seed=50 + i)
+            assert engine.transfer_sync_read(peer.segment, buf.ctypes.data, peer.buffer, n) == 0
+            assert sha(buf[:n]) == sha(pattern(n, 50 + i))
+        bid = engine.batch_transfer_async_write(peer.segment, [buf.ctypes.data + i * MiB for i in range(8)],
+                                                [peer.buffer + i * MiB for i in range(8)], [MiB] * 8)
+        assert bid and engine.get_batch_transfer_status([bid]) == 0
+        assert peer.digest(0, 8 * MiB) == sha(buf[:8 * MiB])
+        shm1, tcp1, stats = carriers(engine)
+        assert shm1 - shm0 >= 2 * (32 * MiB) and tcp1 == tcp0
+        kind = "mapped_copies" if managed else "attach_copies"
+        assert any(p[kind] > 0 for p in stats["shm"].values()), stats
+    finally:
+        peer.close()
+
+
+def test_stopped_peer_still_served_and_killed_peer_fails_fast(local):
+    engine, buf = local
+    peer = EnginePeer("P2PHANDSHAKE", size=MiB)
+    try:
+        assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer, MiB) == 0
+        peer.stop()  # SIGSTOP: one copy needs no help from the target
+        assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer, MiB) == 0
+        peer.kill()
+        t0 = time.monotonic()
+        assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer, MiB) != 0
+        assert time.monotonic() - t0 < 10
+    finally:
+        peer.kill()
+
+
+def test_withdrawn_memory_is_never_touched(local):
+    engine, buf = local
+    peer = EnginePeer("P2PHANDSHAKE", size=MiB)
+    try:
+        assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer, 4096) == 0  # cached
+        before = peer.digest(0, 4096)
+        assert peer.call("unregister")["rc"] == 0
+        buf[:4096] = 0xEE
+        # The shared epoch shows the descriptor is stale; after a refresh the range is gone: -3, nothing written.
+        assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer, 4096) == -3
+        assert peer.digest(0, 4096) == before
+    finally:
+        peer.close()
+
+
+def test_forbidden_same_host_access_falls_back_to_tcp():
+    """A target that refuses ptrace-style access (non-dumpable) from an initiator without CAP_SYS_PTRACE."""
+    peer = EnginePeer("P2PHANDSHAKE", size=MiB, env={"MC_TEST_NONDUMPABLE": "1"})
+    code = textwrap.dedent(f"""
+        import json, numpy as np
+        from mooncake.engine import TransferEngine
+        e = TransferEngine()
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        buf = np.full(1 << 20, 7, dtype=np.uint8)
+        assert e.register_memory(buf.ctypes.data, buf.nbytes) == 0
+        rcs = [e.transfer_sync_write("{peer.segment}", buf.ctypes.data, {peer.buffer}, 1 << 20) for _ in range(3)]
+        print(json.dumps({{"rcs": rcs, "stats": json.loads(e.get_stats())}}))
+    """)
+    try:
+        out = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["rcs"] == [0, 0, 0]
+        tcp = sum(p["bytes"] for p in result["stats"]["tcp"].values())
+        assert tcp == 3 * MiB
+        assert out.stderr.count("same-host transport cannot reach") == 1  # said once, with the reason
+        assert "refused" in out.stderr
+        assert peer.digest(0, MiB) == sha(np.full(MiB, 7, dtype=np.uint8))
+    finally:
+        peer.close()
+
+
+def test_force_tcp_and_cross_namespace_peers_use_the_network(local):
+    engine, buf = local
+    os.environ["MC_FORCE_TCP"] = "1"
+    try:
+        forced = TransferEngine()
+        assert forced.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    finally:
+        del os.environ["MC_FORCE_TCP"]
+    peer = EnginePeer("P2PHANDSHAKE", size=MiB)
+    try:
+        b = np.zeros(MiB, dtype=np.uint8)
+        assert forced.register_memory(b.ctypes.data, b.nbytes) == 0
+        assert forced.transfer_sync_write(peer.segment, b.ctypes.data, peer.buffer, MiB) == 0
+        shm, tcp, _ = carriers(forced)
+        assert tcp == MiB and shm == 0
+    finally:
+        peer.close()
+        forced.close()
