@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -113,17 +114,47 @@ def test_trace_stats(capsys, trace):
     (["replay", "--trace", "{good}", "--prefill-coeffs", "1e-4"], "two comma-separated numbers"),
     (["replay", "--trace", "{good}", "--node-cache-tokens", "10"], "less than one 512-token block"),
     (["trace-stats", "--trace", "{bad}"], "not valid JSON"),
+    (["trace-stats", "--trace", "{partial}"], r"partial\.jsonl:2: 'output_length' must be a non-negative integer"),
+    (["hitrate", "--trace", "{partial}"], r"partial\.jsonl:2: 'output_length'"),
+    (["hitrate", "--trace", "{good}", "--capacity-blocks", "0"], "--capacity-blocks: must be > 0"),
+    # Checked before any simulation runs (no "done in" progress line: see the assertion below).
+    (["hitrate", "--trace", "{good}", "--capacity-blocks", "2", "--instances", "3"], "cannot be split over 3"),
+    (["hitrate", "--trace", "{good}", "--plot", "{tmp}/no-such-dir/x.png"], "cannot write plot .*no folder"),
+    (["replay", "--trace", "{good}", "--plot", "{tmp}/x.bogus"], "unknown image format 'bogus'"),
+    (["replay", "--trace", "{good}", "--decode-step", "0,0"], "decode_step_s must be > 0"),
 ])
 def test_bad_input_exits_2_with_a_message(capsys, tmp_path, argv, message):
     good = write_trace(tmp_path / "good.jsonl", ROWS)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ROWS[0]) + "\n{oops\n")
-    argv = [a.replace("{good}", good).replace("{bad}", str(bad)) for a in argv]
+    partial = tmp_path / "partial.jsonl"  # second line lacks output_length
+    partial.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({k: v for k, v in ROWS[1].items()
+                                                                if k != "output_length"}) + "\n")
+    subst = {"{good}": good, "{bad}": str(bad), "{partial}": str(partial), "{tmp}": str(tmp_path)}
+    for key, value in subst.items():
+        argv = [a.replace(key, value) for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 2
     assert out == ""
-    assert "error:" in err and "Traceback" not in err
-    assert __import__("re").search(message, err), err
+    assert "error:" in err and "Traceback" not in err and "done in" not in err
+    assert re.search(message, err), err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(capsys, trace, monkeypatch, tmp_path):
+    # matplotlib is an optional extra of the wheel; `import matplotlib` fails when it is absent.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for argv in (["hitrate", "--trace", trace, "--capacity-blocks", "4"], ["replay", "--trace", trace]):
+        code, out, err = run(capsys, *argv, "--plot", str(tmp_path / "p.png"))
+        assert code == 2 and out == "" and "done in" not in err
+        assert "--plot needs matplotlib" in err and "Traceback" not in err
+
+
+def test_tables_align_text_left(capsys, trace):
+    code, out, _ = run(capsys, "hitrate", "--trace", trace, "--policy", "unbounded", "--quiet")
+    header, _, row = out.splitlines()
+    assert code == 0 and header.index("policy") == row.index("unbounded")  # a text column, even if 'unbounded'
 
 
 @pytest.mark.parametrize("argv", [["hitrate"], ["kvcache-size", "--bogus"], ["nonsense"], []])

@@ -86,7 +86,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> st
 
 def _looks_numeric(cell: str) -> bool:
     text = cell.replace(",", "").replace("%", "").strip()
-    if text in ("", "-", "inf", "unbounded"):
+    if text in ("", "-", "inf"):
         return True
     try:
         float(text.split()[0])
@@ -105,12 +105,13 @@ def human_bytes(n: float) -> str:
 
 
 def human_count(n: float | None) -> str:
-    """Short token counts for table cells: 10000 -> '1e4', 3000000 -> '3e6', 2500000 -> '2.5e6', None -> 'inf'."""
+    """Short token counts for table cells: 10000 -> '1e4', 3000000 -> '3e6', 2500000 -> '2.5e6', None -> 'inf'.
+    Exact for integers up to 16 digits (999936 -> '9.99936e5'), so different capacities never share a label."""
     if n is None:
         return "inf"
     if n < 10000:
         return str(int(n))
-    mantissa, exponent = f"{n:.3e}".split("e")
+    mantissa, exponent = f"{n:.15e}".split("e")
     return f"{float(mantissa):g}e{int(exponent)}"
 
 

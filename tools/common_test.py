@@ -35,6 +35,8 @@ def test_format_table_aligns_numbers_right_and_text_left():
     assert out[0] == "name    value"
     assert out[2] == "a         1.5"
     assert out[3] == "longer  10.25"
+    assert format_table(["policy"], [["unbounded"]]).splitlines()[0] == "policy"  # text: left-aligned
+    assert format_table(["tokens"], [["inf"], ["1e6"]]).splitlines()[2] == "   inf"  # numbers: right-aligned
 
 
 def test_human_units():
@@ -44,6 +46,9 @@ def test_human_units():
     assert human_count(10_000) == "1e4"
     assert human_count(2_500_000) == "2.5e6"
     assert human_count(512) == "512"
+    assert human_count(999_936) == "9.99936e5"  # 1953 blocks of 512 tokens, not "1e6"
+    assert human_count(1_000_400) != human_count(1_000_000)
+    assert human_count(12_345) == "1.2345e4"
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])

@@ -25,7 +25,8 @@ from typing import Callable, Optional, Sequence
 from .cache import POLICIES, make_cache
 from .common import (Progress, ToolError, format_table, human_count, parse_count, parse_count_list,
                      split_choices)
-from .trace import Trace, add_trace_arguments, load_trace_args, merge_traces
+from .plotting import check_plot_target, new_figure, save_figure
+from .trace import Trace, add_trace_arguments, check_merge_args, load_trace_args
 
 ROUTINGS = ("prefix", "round-robin", "random")
 # P Fig. 9's capacity axis (tokens); the default sweep.
@@ -85,6 +86,13 @@ def _split_capacity(total_blocks: Optional[int], instances: int) -> list[Optiona
     return [base + (1 if i < extra else 0) for i in range(instances)]
 
 
+def _check_belady_routing(policy: str, instances: int, routing: str) -> None:
+    """Belady needs each cache's future request sequence, which the dynamic `prefix` routing does not fix."""
+    if policy == "belady" and instances > 1 and routing == "prefix":
+        raise ToolError("belady cannot be combined with the dynamic 'prefix' routing; "
+                        "use --routing round-robin or random")
+
+
 def _static_routes(n_requests: int, instances: int, routing: str, seed: int) -> list[int]:
     if routing == "round-robin":
         return [i % instances for i in range(n_requests)]
@@ -126,9 +134,7 @@ def simulate(trace: Trace, policy: str, capacity_blocks: Optional[int] = None, *
         raise ToolError(f"policy {policy} needs a capacity of at least one block")
     elif capacity_tokens is None:
         capacity_tokens = capacity_blocks * trace.block_size
-    if policy == "belady" and instances > 1 and routing == "prefix":
-        raise ToolError("belady cannot be combined with the dynamic 'prefix' routing; "
-                        "use --routing round-robin or random")
+    _check_belady_routing(policy, instances, routing)
     shares = _split_capacity(capacity_blocks, instances)
     requests = trace.hash_ids
     n = len(requests)
@@ -176,8 +182,6 @@ def simulate(trace: Trace, policy: str, capacity_blocks: Optional[int] = None, *
 def plot_hit_ratios(results: Sequence[HitRateResult], path: str) -> None:
     """Draws hit ratio against capacity (log x axis), one curve per trace/policy/scope, like the paper's Fig. 9.
     Unbounded results are drawn as dashed horizontal lines."""
-    from .plotting import new_figure, save_figure
-
     fig, ax = new_figure()
     curves: dict[tuple, list[HitRateResult]] = {}
     for r in results:
@@ -207,9 +211,8 @@ def register(subparsers) -> None:
                     "tokens reused) per trace, policy and capacity, with the paper's Fig. 9 conventions.",
         epilog="example: mooncake hitrate --trace synthetic --policy lru,belady --capacity-tokens 1e5,1e6,1e7 "
                "--plot fig9.png")
-    add_trace_arguments(p)
-    p.add_argument("--merge", action="store_true",
-                   help="also replay all traces merged by timestamp (block ids offset to disjoint ranges)")
+    add_trace_arguments(p, merge_help="also replay all traces merged by timestamp (block ids offset to disjoint "
+                                      "ranges)")
     p.add_argument("--policy", default="lru",
                    help=f"one or a comma list of: {', '.join(POLICIES)} (default lru)")
     cap = p.add_mutually_exclusive_group()
@@ -243,14 +246,15 @@ def run(args: argparse.Namespace) -> int:
     policies = split_choices(args.policy, POLICIES, "--policy")
     instances = parse_count(args.instances, "--instances")
     capacities = _capacities(args, parse_count(args.block_size, "--block-size"))  # checked before loading traces
-    if instances > 1 and "belady" in policies and args.routing == "prefix":
-        raise ToolError("belady cannot be combined with the dynamic 'prefix' routing; "
-                        "use --routing round-robin or random")
-    if args.merge and len(args.trace) < 2:
-        raise ToolError("--merge needs at least two --trace")
+    for policy in policies:
+        _check_belady_routing(policy, instances, args.routing)
+    check_merge_args(args)
+    if instances > 1 and any(p != "unbounded" for p in policies):
+        for _, blocks in capacities:
+            _split_capacity(blocks, instances)
+    if args.plot:
+        check_plot_target(args.plot)
     traces = load_trace_args(args)
-    if args.merge:
-        traces.append(merge_traces(traces))
     jobs = []
     for t in traces:
         for policy in policies:

@@ -50,6 +50,7 @@ from .cache import LRUCache
 from .common import (Progress, ToolError, format_table, parse_count, parse_positive_float, percentile,
                      split_choices)
 from .kvcache_size import bytes_per_token, load_model
+from .plotting import check_plot_target, new_figure, save_figure
 from .trace import Trace, add_trace_arguments, load_trace_args, merge_traces
 
 SCHEDULERS = ("random", "load-balance", "local-cache-aware", "global-cache-aware")
@@ -79,14 +80,14 @@ class ClusterConfig:
     seed: int = 0
 
     def validate(self, block_size: int) -> None:
-        """Raises ToolError unless counts, rates, capacities and SLOs are > 0, time coefficients are >= 0, the
-        balance threshold is >= 1 and a node cache holds at least one block."""
+        """Raises ToolError unless counts, rates, capacities, SLOs and the base decode step are > 0, the other time
+        coefficients are >= 0, the balance threshold is >= 1 and a node cache holds at least one block."""
         for name in ("prefill_nodes", "decode_nodes", "bytes_per_token", "bandwidth_gbps", "node_cache_tokens",
-                     "decode_batch", "decode_kv_tokens", "ttft_slo_s", "tbt_slo_s", "speed"):
+                     "decode_batch", "decode_kv_tokens", "ttft_slo_s", "tbt_slo_s", "speed", "decode_step_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ToolError(f"{name} must be > 0, got {value}")
-        for name in ("prefill_a", "prefill_b", "decode_step_s", "decode_ctx_s"):
+        for name in ("prefill_a", "prefill_b", "decode_ctx_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ToolError(f"{name} must be a finite number >= 0, got {value}")
@@ -214,8 +215,12 @@ class _Decode:
         self.requests += 1
         self.max_batch = max(self.max_batch, len(self.active))
 
-    def pop_finished(self) -> list:
-        """Removes and returns (request, _Active) for every request whose last token is done (after advance)."""
+    def pop_finished(self, due: bool = False) -> list:
+        """Removes and returns (request, _Active) for every request whose last token is done (after advance).
+        `due`: the caller's event was scheduled for the first finish, which therefore counts as done even when
+        rounding left `steps` a hair short (otherwise a tiny step time could reschedule it forever)."""
+        if due and self.finish_heap:
+            self.steps = max(self.steps, self.finish_heap[0][0])
         done = []
         while self.finish_heap and self.finish_heap[0][0] <= self.steps + 1e-6:
             _, req = heapq.heappop(self.finish_heap)
@@ -409,7 +414,7 @@ class _Simulation:
         if version != node.version:
             return  # superseded by a later batch change
         node.advance(now)
-        for i, a in node.pop_finished():
+        for i, a in node.pop_finished(due=True):
             self.tbt[i] = node.tbt(a, self.trace.output_lengths[i])
             self.end_time = max(self.end_time, now)
         self.admit_waiting(d, now)
@@ -476,8 +481,6 @@ def simulate(trace: Trace, scheduler: str, cfg: ClusterConfig = ClusterConfig(),
 
 def plot_ttft(results: list, path: str) -> None:
     """Draws the TTFT distribution (CDF over completed requests, log x axis) of each replay."""
-    from .plotting import new_figure, save_figure
-
     fig, ax = new_figure()
     for r in results:
         ttfts = sorted(t for t in r.ttft_by_request if t is not None)
@@ -529,7 +532,7 @@ def register(subparsers) -> None:
                    help="prefill time T(n) = A n + B n^2 seconds (default the paper's Fig. 14 fit)")
     p.add_argument("--decode-step", default=f"{d.decode_step_s},{d.decode_ctx_s}", metavar="BASE,PER_TOKEN",
                    help="decode step seconds = BASE + PER_TOKEN * context tokens in the batch "
-                        "(default 0.0262,3.5e-8, fitted to Fig. 14)")
+                        "(BASE > 0; default 0.0262,3.5e-8, fitted to Fig. 14)")
     p.add_argument("--decode-batch", default=str(d.decode_batch), metavar="N",
                    help="max requests in a decode batch (default 128)")
     p.add_argument("--decode-kv-tokens", default=str(d.decode_kv_tokens), metavar="N",
@@ -592,6 +595,8 @@ def run(args) -> int:
     policies = split_choices(args.policy, SCHEDULERS, "--policy")
     cfg = config_from_args(args)
     limit = None if args.max_requests is None else parse_count(args.max_requests, "--max-requests")
+    if args.plot:
+        check_plot_target(args.plot)
     trace = merge_traces(load_trace_args(args))
     if limit is not None:
         order = sorted(range(len(trace)), key=lambda i: trace.timestamps_ms[i])

@@ -1,4 +1,5 @@
 import math
+import signal
 
 import pytest
 
@@ -92,6 +93,24 @@ def test_decode_batching_and_waiting(limit):
     assert serial.decode_load[0]["max_batch"] == 1
 
 
+def test_tiny_decode_steps_still_finish():
+    # A step far below the clock's resolution at t = 1000 s: the finish event lands at the current time, and the
+    # batch used to be rescheduled there forever. The alarm turns a hang into a failure.
+    def hang(*_):
+        raise TimeoutError("the replay did not terminate")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(30)
+    try:
+        trace = make_trace([[0, 1], [5, 6]], timestamps=[0, 1_000_000], outputs=[50, 50])
+        r = simulate(trace, "load-balance", one_node(decode_step_s=1e-18, decode_ctx_s=0.0))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert r.completed == 2 and all(t is not None and t < 1e-9 for t in r.tbt_by_request)
+    assert r.makespan_s == pytest.approx(1000 + T(1024))
+
+
 def test_kv_transfer_to_decode_can_delay_the_second_token():
     slow = ClusterConfig(prefill_nodes=1, decode_nodes=1, bandwidth_gbps=1.0)
     r = simulate(make_trace([[0, 1]], outputs=[2]), "random", slow)
@@ -164,6 +183,7 @@ def test_fig5_ordering_of_mean_ttft_on_the_conversation_trace():
     (dict(node_cache_tokens=100), "less than one 512-token block"),
     (dict(balance_threshold=0.5), "balance threshold"),
     (dict(prefill_a=-1.0), "prefill_a must be a finite number >= 0"),
+    (dict(decode_step_s=0.0, decode_ctx_s=0.0), "decode_step_s must be > 0"),  # used to loop forever
 ])
 def test_invalid_configuration(kw, message):
     with pytest.raises(ToolError, match=message):

@@ -9,9 +9,9 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from .common import ToolError, format_table
+from .common import format_table
 from .hitrate import simulate
-from .trace import Trace, add_trace_arguments, load_trace_args, merge_traces
+from .trace import Trace, add_trace_arguments, load_trace_args
 
 
 @dataclass(frozen=True)
@@ -51,18 +51,13 @@ def register(subparsers) -> None:
         description="Statistics of request traces: requests, duration, mean input/output tokens, block references, "
                     "unique blocks, and the cache ratio (unbounded prefix-cache hit ratio).",
         epilog="example: mooncake trace-stats --trace conversation --trace synthetic --merge")
-    add_trace_arguments(p)
-    p.add_argument("--merge", action="store_true", help="also report all traces merged (disjoint block ids)")
+    add_trace_arguments(p, merge_help="also report all traces merged (disjoint block ids)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     traces = load_trace_args(args)
-    if args.merge and len(traces) < 2:
-        raise ToolError("--merge needs at least two --trace")
-    if args.merge:
-        traces.append(merge_traces(traces))
     stats = [trace_stats(t) for t in traces]
     if args.json:
         print(json.dumps([s.to_json() for s in stats], indent=2))

@@ -173,17 +173,31 @@ def merge_traces(traces: Sequence[Trace], name: str | None = None) -> Trace:
 
 # ---- command-line helpers shared by the subcommands that read traces ------------------------------------------------
 
-def add_trace_arguments(parser) -> None:
-    """Adds --trace (repeatable, required) and --block-size to an argparse parser."""
+def add_trace_arguments(parser, merge_help: str | None = None) -> None:
+    """Adds --trace (repeatable, required), --block-size and, when `merge_help` is given, --merge to an argparse
+    parser."""
     parser.add_argument("--trace", action="append", required=True, metavar="NAME|PATH",
                         help="trace file, or a name in the traces folder (conversation, synthetic); repeatable")
     parser.add_argument("--block-size", metavar="TOKENS", default=str(DEFAULT_BLOCK_SIZE),
                         help=f"tokens per hash_ids block of the trace (default {DEFAULT_BLOCK_SIZE})")
+    if merge_help is not None:
+        parser.add_argument("--merge", action="store_true", help=merge_help)
+
+
+def check_merge_args(args) -> None:
+    """Raises ToolError when --merge is given with fewer than two --trace (call before any long work)."""
+    if getattr(args, "merge", False) and len(args.trace) < 2:
+        raise ToolError("--merge needs at least two --trace")
 
 
 def load_trace_args(args) -> list[Trace]:
-    """Loads every --trace of parsed arguments (see add_trace_arguments). Raises ToolError on bad input."""
+    """Loads every --trace of parsed arguments (see add_trace_arguments), plus their merge (disjoint ids) last
+    when --merge is given. Raises ToolError on bad input."""
     from .common import parse_count
 
+    check_merge_args(args)
     block_size = parse_count(args.block_size, "--block-size")
-    return [load_trace(spec, block_size) for spec in args.trace]
+    traces = [load_trace(spec, block_size) for spec in args.trace]
+    if getattr(args, "merge", False):
+        traces.append(merge_traces(traces))
+    return traces

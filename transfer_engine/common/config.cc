@@ -63,7 +63,12 @@ EngineConfig EngineConfig::FromEnv() {
   c.metadata_cluster_id = ReadString("MC_METADATA_CLUSTER_ID");
   if (ReadInt("MC_METADATA_LEASE_TTL", 2, 86400, &x)) c.metadata_lease_ttl = std::chrono::seconds(x);
   c.disable_metacache = ReadBool("MC_DISABLE_METACACHE");
-  if (ReadInt("MC_PEER_RETRY_BACKOFF_MS", 0, 3600000, &x)) c.peer_retry_backoff = std::chrono::milliseconds(x);
+  if (ReadInt("MC_TCP_STALL_TIMEOUT_MS", 100, 3600000, &x)) c.tcp_stall_timeout = std::chrono::milliseconds(x);
+  if (ReadInt("MC_TCP_PROBE_INTERVAL_MS", 10, 3600000, &x)) c.tcp_probe_interval = std::chrono::milliseconds(x);
+  if (ReadInt("MC_TCP_LANE_WINDOW", 4096, 1LL << 34, &x)) c.tcp_lane_window = static_cast<size_t>(x);
+  if (ReadInt("MC_RETRY_CNT", 0, 1000, &x)) c.retry_count = static_cast<int>(x);
+  c.nic_filter = ReadString("MC_TE_FILTERS");
+  c.custom_topology_path = ReadString("MC_CUSTOM_TOPO_JSON");
   return c;
 }
 

@@ -28,7 +28,12 @@ struct EngineConfig {
   std::string metadata_cluster_id;            ///< MC_METADATA_CLUSTER_ID: key namespace
   std::chrono::seconds metadata_lease_ttl{10};  ///< MC_METADATA_LEASE_TTL: etcd lease / Redis TTL of our keys
   bool disable_metacache = false;             ///< MC_DISABLE_METACACHE
-  std::chrono::milliseconds peer_retry_backoff{1000};  ///< MC_PEER_RETRY_BACKOFF_MS: fail-fast window
+  std::chrono::milliseconds tcp_stall_timeout{3000};  ///< MC_TCP_STALL_TIMEOUT_MS: a path moving no data fails over
+  std::chrono::milliseconds tcp_probe_interval{500};  ///< MC_TCP_PROBE_INTERVAL_MS: how often down paths are tried
+  size_t tcp_lane_window = 4 << 20;                   ///< MC_TCP_LANE_WINDOW: bytes in flight per connection
+  int retry_count = 9;                                ///< MC_RETRY_CNT: path changes per slice before it fails
+  std::string nic_filter;                             ///< MC_TE_FILTERS: NIC allow-list (device_name wins)
+  std::string custom_topology_path;                   ///< MC_CUSTOM_TOPO_JSON
 
   /// Reads every variable; malformed values are ignored with a warning naming the variable.
   static EngineConfig FromEnv();

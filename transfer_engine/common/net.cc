@@ -158,7 +158,8 @@ static bool FillSockaddr(const std::string& ip, uint16_t port, sockaddr_storage*
   return false;
 }
 
-StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
+StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                      const std::string& bind_ip) {
   auto ip = ResolveHost(host);
   if (!ip.ok()) return ip.status();
   sockaddr_storage ss;
@@ -167,6 +168,15 @@ StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milli
   int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Status(ErrorCode::kSocket, Errno("socket"));
   std::string peer = HostPort{*ip, port}.ToString();
+  if (!bind_ip.empty()) {
+    sockaddr_storage local;
+    socklen_t local_len;
+    if (!FillSockaddr(bind_ip, 0, &local, &local_len) || bind(fd, reinterpret_cast<sockaddr*>(&local), local_len) != 0) {
+      Status st(ErrorCode::kSocket, "bind to " + bind_ip + " before connecting to " + peer + ": " + strerror(errno));
+      close(fd);
+      return st;
+    }
+  }
   if (connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
     if (errno != EINPROGRESS) {
       Status st(ErrorCode::kPeerUnreachable, "connect to " + peer + ": " + strerror(errno));

@@ -32,8 +32,10 @@ std::string FirstLanIp();
 /// True when `ip` is assigned to one of this host's interfaces (or is a loopback address).
 bool IsLocalAddress(const std::string& ip);
 
-/// Connects with a timeout. Returns a blocking socket with TCP_NODELAY set. Errors name the peer.
-StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout);
+/// Connects with a timeout, from `bind_ip` when not empty (so the traffic leaves through that NIC). Returns a
+/// blocking socket with TCP_NODELAY set. Errors name the peer.
+StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                      const std::string& bind_ip = "");
 
 /// Binds and listens on ip:port (port 0 = ephemeral; ip "" or "0.0.0.0" = all). SO_REUSEADDR is set.
 StatusOr<int> Listen(const std::string& ip, uint16_t port, int backlog);

@@ -28,6 +28,7 @@ struct Slice {
   char* local = nullptr;
   uint64_t remote = 0;
   size_t length = 0;
+  uint32_t attempts = 0;  ///< transport-owned: how often the slice was moved to another path after a failure
 
   /// Reports the outcome. Thread-safe; must be called exactly once per slice. After the last slice of the
   /// last task completes, the batch (and this slice) may be destroyed: do not touch the slice afterwards.

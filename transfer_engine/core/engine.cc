@@ -190,6 +190,7 @@ Status TransferEngine::Impl::Init() {
   ctx.advertised_ip = advertised_ip_;
   ctx.host_id = host_id_;
   ctx.instance = instance_;
+  ctx.device_filter = options_.device_filter.empty() ? config_.nic_filter : options_.device_filter;
   for (auto& t : transports_) MC_RETURN_IF_ERROR(t->Start(ctx));
 
   worker_ = std::make_unique<Worker>();

@@ -64,12 +64,48 @@ std::vector<NicInfo> DiscoverNics(const std::string& filter) {
     char buf[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(p->ifa_addr)->sin_addr, buf, sizeof(buf));
     nic.ipv4 = buf;
+    if (p->ifa_netmask) {
+      uint32_t mask = ntohl(reinterpret_cast<sockaddr_in*>(p->ifa_netmask)->sin_addr.s_addr);
+      nic.prefix_len = __builtin_popcount(mask);
+    }
     nic.numa_node = std::max(0, ReadInt("/sys/class/net/" + name + "/device/numa_node", 0));
     nic.speed_mbps = ReadInt("/sys/class/net/" + name + "/speed", -1);
     out.push_back(nic);
   }
   freeifaddrs(ifs);
   return out;
+}
+
+StatusOr<std::vector<NicInfo>> SelectNics(const std::string& filter, const std::string& custom_topology_path) {
+  if (!filter.empty() || custom_topology_path.empty()) return DiscoverNics(filter);
+  std::ifstream f(custom_topology_path);
+  if (!f) return InvalidArgument("cannot read MC_CUSTOM_TOPO_JSON file '" + custom_topology_path + "'");
+  std::stringstream text;
+  text << f.rdbuf();
+  auto j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status(ErrorCode::kMalformedJson, "MC_CUSTOM_TOPO_JSON '" + custom_topology_path +
+                                                 "' is not a JSON object like {\"cpu:0\": [[\"eth0\"], [\"eth1\"]]}");
+  }
+  std::string names;
+  for (const auto& [location, lists] : j.items()) {
+    if (!lists.is_array()) return Status(ErrorCode::kMalformedJson, "topology entry '" + location + "' is not a list");
+    for (const auto& list : lists) {
+      if (!list.is_array()) return Status(ErrorCode::kMalformedJson, "topology entry '" + location + "' is malformed");
+      for (const auto& nic : list) {
+        if (nic.is_string()) names += (names.empty() ? "" : ",") + nic.get<std::string>();
+      }
+    }
+  }
+  if (names.empty()) return InvalidArgument("MC_CUSTOM_TOPO_JSON '" + custom_topology_path + "' names no NIC");
+  return DiscoverNics(names);
+}
+
+bool InSubnet(const NicInfo& nic, const std::string& ip) {
+  in_addr a, b;
+  if (inet_pton(AF_INET, nic.ipv4.c_str(), &a) != 1 || inet_pton(AF_INET, ip.c_str(), &b) != 1) return false;
+  uint32_t mask = nic.prefix_len <= 0 ? 0 : (nic.prefix_len >= 32 ? 0xffffffffu : ~((1u << (32 - nic.prefix_len)) - 1));
+  return (ntohl(a.s_addr) & mask) == (ntohl(b.s_addr) & mask);
 }
 
 std::string LocalHostId() {

@@ -33,6 +33,7 @@ struct TransportContext {
   std::string advertised_ip;  ///< the address peers should use to reach this host
   std::string host_id;        ///< LocalHostId(): equal on peers that share this kernel and namespaces
   std::string instance;       ///< this engine's random id (the descriptor's "instance")
+  std::string device_filter;  ///< comma-separated NIC allow-list (device_name, else MC_TE_FILTERS; empty: all)
 };
 
 /// A data path between registered memory of two engines. Implementations live in their own folder under

@@ -6,6 +6,8 @@ then answers each command on stdin with one JSON line. Commands:
   {"cmd": "digest", "offset", "length"}            sha256 hex of a range
   {"cmd": "unregister"} / {"cmd": "register"}      drop / restore the buffer's registration
   {"cmd": "stats"}                                 the engine's transport counters
+  {"cmd": "transfer", "op": "write"|"read", "segment", "remote", "offset", "length"}
+                                                   a sync transfer from/to this buffer: {"rc", "seconds"}
   {"cmd": "notifies"}                              drain received notifications
   {"cmd": "exit"}
 """
@@ -19,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -56,6 +59,11 @@ def _child(name: str, metadata: str, size: int, managed: bool) -> None:
             out["rc"] = engine.unregister_memory(buf.ctypes.data)
         elif cmd == "stats":
             out["stats"] = json.loads(engine.get_stats())
+        elif cmd == "transfer":
+            fn = engine.transfer_sync_write if req["op"] == "write" else engine.transfer_sync_read
+            t0 = time.monotonic()
+            out["rc"] = fn(req["segment"], buf.ctypes.data + req.get("offset", 0), req["remote"], req["length"])
+            out["seconds"] = time.monotonic() - t0
         elif cmd == "register":
             out["rc"] = engine.register_memory(buf.ctypes.data, size)
         elif cmd == "notifies":
@@ -70,9 +78,11 @@ class EnginePeer:
     """Starts the child; `call(cmd, **kw)` sends a command and returns the reply. Kill-safe."""
 
     def __init__(self, metadata: str, name: str = "127.0.0.1", size: int = 64 << 20, env: dict | None = None,
-                 managed: bool = False):
+                 managed: bool = False, prefix: list[str] | None = None):
+        """`prefix` runs the child through a wrapper, e.g. Host.prefix to put it on a netns host."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mooncake.testing.engine_peer", name, metadata, str(size), str(int(managed))],
+            (prefix or []) + [sys.executable, "-m", "mooncake.testing.engine_peer", name, metadata, str(size),
+                              str(int(managed))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})})
         line = self.proc.stdout.readline()
@@ -84,9 +94,19 @@ class EnginePeer:
         self.segment, self.buffer, self.size = self.info["segment"], self.info["buffer"], self.info["size"]
 
     def call(self, cmd: str, **kw) -> dict:
+        self.send(cmd, **kw)
+        return self.reply()
+
+    def send(self, cmd: str, **kw) -> None:
+        """Starts a command without waiting for its answer (see reply())."""
         self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
+
+    def reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"engine peer exited with {self.proc.poll()}")
+        return json.loads(line)
 
     def digest(self, offset: int, length: int) -> str:
         return self.call("digest", offset=offset, length=length)["sha256"]

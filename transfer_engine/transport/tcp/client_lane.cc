@@ -1,6 +1,8 @@
 #include "transfer_engine/transport/tcp/client_lane.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -8,7 +10,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <sstream>
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
@@ -19,15 +20,12 @@ namespace {
 
 constexpr int kMaxIov = 64;
 
-
-size_t FrameBytes(const Slice* s) {
-  return kRequestHeaderSize + (s->opcode == OpCode::kWrite ? s->length : 0);
-}
+size_t FrameBytes(const Slice* s) { return kRequestHeaderSize + (s->opcode == OpCode::kWrite ? s->length : 0); }
 
 }  // namespace
 
-ClientLane::ClientLane(const EngineConfig& config, IoLoop* loop, PeerEndpoint* peer)
-    : config_(config), loop_(loop), peer_(peer) {}
+ClientLane::ClientLane(const EngineConfig& config, IoLoop* loop, Path* path, LaneOwner* owner)
+    : config_(config), loop_(loop), path_(path), owner_(owner) {}
 
 ClientLane::~ClientLane() {
   if (fd_ >= 0) {
@@ -36,27 +34,20 @@ ClientLane::~ClientLane() {
   }
 }
 
-void ClientLane::Finish(Completions& done) {
-  for (auto& [slice, status] : done) slice->Complete(status);
-  done.clear();
+void ClientLane::Settle(Outcome& out) {
+  for (auto& [slice, status] : out.done) slice->Complete(status);
+  out.done.clear();
+  if (!out.failed.empty()) owner_->OnLaneFailed(this, std::move(out.failed), out.why);
+  out.failed.clear();
 }
 
 Status ClientLane::ConnectLocked() {
-  {
-    std::lock_guard lock(peer_->mu);
-    if (std::chrono::steady_clock::now() < peer_->down_until) {
-      return Status(ErrorCode::kPeerUnreachable,
-                    "peer " + peer_->label + " is unreachable (" + peer_->last_error + "); not retrying yet");
-    }
-  }
-  auto fd = net::Connect(peer_->host, peer_->port, config_.handshake_connect_timeout);
-  if (!fd.ok()) {
-    std::lock_guard lock(peer_->mu);
-    peer_->down_until = std::chrono::steady_clock::now() + config_.peer_retry_backoff;
-    peer_->last_error = fd.status().message();
-    return Status(ErrorCode::kPeerUnreachable, "peer " + peer_->label + ": " + fd.status().message());
-  }
+  auto fd = net::Connect(path_->remote_ip, path_->port, config_.handshake_connect_timeout, path_->local_ip);
+  if (!fd.ok()) return Status(ErrorCode::kPeerUnreachable, path_->label + ": " + fd.status().message());
   MC_RETURN_IF_ERROR(net::SetNonBlocking(*fd, true));
+  // Let the kernel give up on a connection whose data goes unacknowledged (link down) as well.
+  unsigned int user_timeout = static_cast<unsigned int>(config_.tcp_stall_timeout.count());
+  setsockopt(*fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
   fd_ = *fd;
   want_write_ = false;
   rstart_ = rend_ = 0;
@@ -68,26 +59,25 @@ Status ClientLane::ConnectLocked() {
     return st;
   }
   connected_.store(true, std::memory_order_relaxed);
-  MC_LOG(kDebug) << "connected to " << peer_->label;
+  MC_LOG(kDebug) << "connected " << path_->label;
   return Status::Ok();
 }
 
-bool ClientLane::QueueLocked(const std::vector<Slice*>& slices, Completions* done) {
+bool ClientLane::QueueLocked(const std::vector<Slice*>& slices, Outcome* out) {
   if (fd_ < 0) {
     Status st = ConnectLocked();
     if (!st.ok()) {
-      for (Slice* s : slices) done->emplace_back(s, st);
-      peer_->errors.fetch_add(slices.size(), std::memory_order_relaxed);
+      out->failed.insert(out->failed.end(), slices.begin(), slices.end());
+      out->why = st;
       return false;
     }
   }
-  auto now = std::chrono::steady_clock::now();
+  if (pending_.empty()) last_progress_ = std::chrono::steady_clock::now();
   for (Slice* s : slices) {
     Pending p;
     p.slice = s;
     p.seq = next_seq_++;
     p.sent = 0;
-    p.queued = now;
     RequestHeader h;
     h.op = s->opcode == OpCode::kWrite ? FrameOp::kWrite : FrameOp::kRead;
     h.seq = p.seq;
@@ -101,61 +91,60 @@ bool ClientLane::QueueLocked(const std::vector<Slice*>& slices, Completions* don
 }
 
 void ClientLane::Enqueue(const std::vector<Slice*>& slices) {
-  Completions done;
+  Outcome out;
   {
     std::lock_guard lock(mu_);
     // Write now if the socket was idle; otherwise the loop (or a driving caller) is already flushing.
-    if (QueueLocked(slices, &done) && !want_write_) FlushLocked(&done);
+    if (QueueLocked(slices, &out) && !want_write_) FlushLocked(&out);
   }
-  Finish(done);
+  Settle(out);
 }
 
 bool ClientLane::TryDrive(const std::vector<Slice*>& slices) {
-  Completions done;
+  Outcome out;
   std::unique_lock lock(mu_);
   if (driving_ || !pending_.empty()) return false;
-  if (!QueueLocked(slices, &done)) {
+  if (!QueueLocked(slices, &out)) {
     lock.unlock();
-    Finish(done);
+    Settle(out);
     return true;
   }
   const uint64_t last_seq = next_seq_ - 1;
   driving_ = true;
   Status st = loop_->Modify(fd_, 0, this);  // the loop thread keeps off while we drive
-  if (!st.ok()) MC_LOG(kWarning) << "lane to " << peer_->label << ": " << st.message();
-  FlushLocked(&done);
+  if (!st.ok()) MC_LOG(kWarning) << path_->label << ": " << st.message();
+  FlushLocked(&out);
   // Until our answers (the first in line: the lane was idle) are in. Slices other threads add meanwhile are
   // moved along too; the loop thread takes over whatever is left.
   while (fd_ >= 0 && !pending_.empty() && pending_.front().seq <= last_seq) {
     pollfd p{fd_, static_cast<short>(POLLIN | (send_index_ < pending_.size() ? POLLOUT : 0)), 0};
     lock.unlock();
-    int r = poll(&p, 1, 100);  // wakes up now and then so timeouts and shutdown are seen
+    int r = poll(&p, 1, 100);  // wakes up now and then so stalls and shutdown are seen
     lock.lock();
     if (fd_ < 0 || r < 0) break;
     if (r == 0) {
-      if (std::chrono::steady_clock::now() - pending_.front().queued >= config_.transfer_timeout) {
-        CloseLocked(Status(ErrorCode::kTimeout, "no response from " + peer_->label + " within " +
-                                                    std::to_string(config_.transfer_timeout.count()) +
-                                                    " s (MC_TRANSFER_TIMEOUT)"),
-                    &done);
+      if (std::chrono::steady_clock::now() - last_progress_ >= config_.tcp_stall_timeout) {
+        CloseLocked(Status(ErrorCode::kTimeout, path_->label + " moved no data for " +
+                                                    std::to_string(config_.tcp_stall_timeout.count()) + " ms"),
+                    /*reroute=*/true, &out);
       }
       continue;
     }
-    if (p.revents & (POLLIN | POLLERR | POLLHUP)) ReadLocked(&done);
-    if (fd_ >= 0 && (p.revents & POLLOUT)) FlushLocked(&done);
+    if (p.revents & (POLLIN | POLLERR | POLLHUP)) ReadLocked(&out);
+    if (fd_ >= 0 && (p.revents & POLLOUT)) FlushLocked(&out);
   }
   driving_ = false;
   if (fd_ >= 0) {
     want_write_ = send_index_ < pending_.size();
     st = loop_->Modify(fd_, EPOLLIN | (want_write_ ? EPOLLOUT : 0), this);
-    if (!st.ok()) MC_LOG(kWarning) << "lane to " << peer_->label << ": " << st.message();
+    if (!st.ok()) MC_LOG(kWarning) << path_->label << ": " << st.message();
   }
   lock.unlock();
-  Finish(done);
+  Settle(out);
   return true;
 }
 
-void ClientLane::FlushLocked(Completions* done) {
+void ClientLane::FlushLocked(Outcome* out) {
   while (send_index_ < pending_.size()) {
     iovec iov[kMaxIov];
     int n = 0;
@@ -181,14 +170,14 @@ void ClientLane::FlushLocked(Completions* done) {
         UpdateInterestLocked(true);
         return;
       }
-      CloseLocked(Status(ErrorCode::kSocket, "send to " + peer_->label + ": " + strerror(errno)), done);
+      CloseLocked(Status(ErrorCode::kSocket, "send on " + path_->label + ": " + strerror(errno)), true, out);
       return;
     }
+    last_progress_ = std::chrono::steady_clock::now();
     size_t left = static_cast<size_t>(w);
     while (left > 0 && send_index_ < pending_.size()) {
       Pending& p = pending_[send_index_];
-      size_t need = FrameBytes(p.slice) - p.sent;
-      size_t take = std::min(need, left);
+      size_t take = std::min(FrameBytes(p.slice) - p.sent, left);
       p.sent += take;
       left -= take;
       if (p.sent == FrameBytes(p.slice)) ++send_index_;
@@ -202,45 +191,64 @@ void ClientLane::UpdateInterestLocked(bool want_write) {
   want_write_ = want_write;
   if (driving_) return;  // the driving caller polls for POLLOUT itself and re-arms epoll when done
   Status st = loop_->Modify(fd_, EPOLLIN | (want_write ? EPOLLOUT : 0), this);
-  if (!st.ok()) MC_LOG(kWarning) << "lane to " << peer_->label << ": " << st.ToString();
+  if (!st.ok()) MC_LOG(kWarning) << path_->label << ": " << st.message();
 }
 
 void ClientLane::OnEvents(uint32_t events) {
-  Completions done;
+  Outcome out;
+  bool room = false;
   {
     std::lock_guard lock(mu_);
     if (fd_ < 0 || driving_) return;  // stale event, or a caller drives this socket right now
-    if (events & EPOLLIN) ReadLocked(&done);
-    if (fd_ >= 0 && (events & EPOLLOUT)) FlushLocked(&done);
+    if (events & EPOLLIN) ReadLocked(&out);
+    if (fd_ >= 0 && (events & EPOLLOUT)) FlushLocked(&out);
     if (fd_ >= 0 && (events & (EPOLLERR | EPOLLHUP)) && !(events & EPOLLIN)) {
       int err = 0;
       socklen_t len = sizeof(err);
       getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
-      CloseLocked(Status(ErrorCode::kSocket, "connection to " + peer_->label + " failed: " +
-                                                 (err ? strerror(err) : "hang-up")),
-                  &done);
+      CloseLocked(Status(ErrorCode::kSocket, path_->label + " failed: " + (err ? strerror(err) : "hang-up")), true,
+                  &out);
     }
+    room = fd_ >= 0 && !out.done.empty();
   }
-  Finish(done);
+  Settle(out);
+  if (room) owner_->OnLaneRoom(this);
 }
 
-ssize_t ClientLane::RecvLocked(char* dst, size_t len, Completions* done) {
+ssize_t ClientLane::RecvLocked(char* dst, size_t len, Outcome* out) {
   while (true) {
     ssize_t n = recv(fd_, dst, len, MSG_DONTWAIT);
-    if (n > 0) return n;
+    if (n > 0) {
+      last_progress_ = std::chrono::steady_clock::now();
+      return n;
+    }
     if (n == 0) {
-      CloseLocked(Status(ErrorCode::kSocket, "connection closed by " + peer_->label), done);
+      CloseLocked(Status(ErrorCode::kSocket, "connection closed by the peer on " + path_->label), true, out);
       return -1;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     if (errno != EINTR) {
-      CloseLocked(Status(ErrorCode::kSocket, "recv from " + peer_->label + ": " + strerror(errno)), done);
+      CloseLocked(Status(ErrorCode::kSocket, "recv on " + path_->label + ": " + strerror(errno)), true, out);
       return -1;
     }
   }
 }
 
-void ClientLane::ReadLocked(Completions* done) {
+void ClientLane::CompleteFrontLocked(const Status& status, Outcome* out) {
+  Pending p = pending_.front();
+  pending_.pop_front();
+  --send_index_;
+  outstanding_bytes_.fetch_sub(p.slice->length, std::memory_order_relaxed);
+  if (status.ok()) {
+    path_->bytes.fetch_add(p.slice->length, std::memory_order_relaxed);
+    path_->slices.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    path_->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  out->done.emplace_back(p.slice, status);
+}
+
+void ClientLane::ReadLocked(Outcome* out) {
   while (fd_ >= 0) {
     if (payload_left_ > 0) {
       Slice* s = pending_.front().slice;
@@ -252,19 +260,11 @@ void ClientLane::ReadLocked(Completions* done) {
         rstart_ += take;
         payload_left_ -= take;
       } else {
-        ssize_t n = RecvLocked(dst, payload_left_, done);
+        ssize_t n = RecvLocked(dst, payload_left_, out);
         if (n <= 0) return;
         payload_left_ -= static_cast<size_t>(n);
       }
-      if (payload_left_ == 0) {
-        Pending p = pending_.front();
-        pending_.pop_front();
-        --send_index_;
-        outstanding_bytes_.fetch_sub(p.slice->length, std::memory_order_relaxed);
-        peer_->bytes.fetch_add(p.slice->length, std::memory_order_relaxed);
-        peer_->slices.fetch_add(1, std::memory_order_relaxed);
-        done->emplace_back(p.slice, Status::Ok());
-      }
+      if (payload_left_ == 0) CompleteFrontLocked(Status::Ok(), out);
       continue;
     }
     ResponseHeader h;
@@ -276,97 +276,86 @@ void ClientLane::ReadLocked(Completions* done) {
         rend_ -= rstart_;
         rstart_ = 0;
       }
-      ssize_t n = RecvLocked(reinterpret_cast<char*>(rbuf_) + rend_, sizeof(rbuf_) - rend_, done);
+      ssize_t n = RecvLocked(reinterpret_cast<char*>(rbuf_) + rend_, sizeof(rbuf_) - rend_, out);
       if (n <= 0) return;
       rend_ += static_cast<size_t>(n);
       continue;
     }
     if (r != ParseResult::kOk) {
-      CloseLocked(Status(ErrorCode::kSocket, std::string("malformed response from ") + peer_->label + ": " +
+      CloseLocked(Status(ErrorCode::kSocket, std::string("malformed response on ") + path_->label + ": " +
                                                  ParseResultName(r)),
-                  done);
+                  true, out);
       return;
     }
     rstart_ += kResponseHeaderSize;
     if (send_index_ == 0 || pending_.front().seq != h.seq) {
-      CloseLocked(Status(ErrorCode::kSocket, "unexpected response (seq " + std::to_string(h.seq) + ") from " +
-                                                 peer_->label),
-                  done);
+      CloseLocked(Status(ErrorCode::kSocket, "unexpected response (seq " + std::to_string(h.seq) + ") on " +
+                                                 path_->label),
+                  true, out);
       return;
     }
     Slice* s = pending_.front().slice;
     if (h.status == FrameStatus::kAddressRejected) {
       if (h.length != 0) {
-        CloseLocked(Status(ErrorCode::kSocket, "malformed rejection from " + peer_->label), done);
+        CloseLocked(Status(ErrorCode::kSocket, "malformed rejection on " + path_->label), true, out);
         return;
       }
-      pending_.pop_front();
-      --send_index_;
-      outstanding_bytes_.fetch_sub(s->length, std::memory_order_relaxed);
-      peer_->errors.fetch_add(1, std::memory_order_relaxed);
-      done->emplace_back(s, Status(ErrorCode::kRemoteRejected,
-                                   "target " + peer_->label + " rejected [" + Hex(s->remote) + ", +" +
-                                       std::to_string(s->length) +
-                                       "): not inside memory it registered for remote access"));
+      CompleteFrontLocked(Status(ErrorCode::kRemoteRejected,
+                                 "target " + path_->label + " rejected " + Range(s->remote, s->length) +
+                                     ": not inside memory it registered for remote access"),
+                          out);
       continue;
     }
     uint64_t expected = s->opcode == OpCode::kRead ? s->length : 0;
     if (h.length != expected) {
-      CloseLocked(Status(ErrorCode::kSocket, "response length mismatch from " + peer_->label), done);
+      CloseLocked(Status(ErrorCode::kSocket, "response length mismatch on " + path_->label), true, out);
       return;
     }
     if (expected > 0) {
       payload_left_ = expected;
       continue;
     }
-    pending_.pop_front();
-    --send_index_;
-    outstanding_bytes_.fetch_sub(s->length, std::memory_order_relaxed);
-    peer_->bytes.fetch_add(s->length, std::memory_order_relaxed);
-    peer_->slices.fetch_add(1, std::memory_order_relaxed);
-    done->emplace_back(s, Status::Ok());
+    CompleteFrontLocked(Status::Ok(), out);
   }
 }
 
 void ClientLane::CheckTimeout(std::chrono::steady_clock::time_point now) {
-  Completions done;
+  Outcome out;
   {
     std::lock_guard lock(mu_);
-    if (fd_ < 0 || pending_.empty()) return;
-    if (now - pending_.front().queued < config_.transfer_timeout) return;
-    std::lock_guard plock(peer_->mu);
-    peer_->down_until = now + config_.peer_retry_backoff;
-    peer_->last_error = "no response within " + std::to_string(config_.transfer_timeout.count()) + " s";
+    if (fd_ < 0 || pending_.empty() || driving_) return;  // a driving caller checks for itself
+    if (now - last_progress_ < config_.tcp_stall_timeout) return;
+    CloseLocked(Status(ErrorCode::kTimeout, path_->label + " moved no data for " +
+                                                std::to_string(config_.tcp_stall_timeout.count()) +
+                                                " ms (MC_TCP_STALL_TIMEOUT_MS)"),
+                true, &out);
   }
-  {
-    std::lock_guard lock(mu_);
-    CloseLocked(Status(ErrorCode::kTimeout, "no response from " + peer_->label + " within " +
-                                                std::to_string(config_.transfer_timeout.count()) +
-                                                " s (MC_TRANSFER_TIMEOUT)"),
-                &done);
-  }
-  Finish(done);
+  Settle(out);
 }
 
-void ClientLane::Shutdown(const Status& why) {
-  Completions done;
+void ClientLane::Abort(const Status& why, bool reroute) {
+  Outcome out;
   {
     std::lock_guard lock(mu_);
-    CloseLocked(why, &done);
+    CloseLocked(why, reroute, &out);
   }
-  Finish(done);
+  Settle(out);
 }
 
-void ClientLane::CloseLocked(const Status& why, Completions* done) {
+void ClientLane::CloseLocked(const Status& why, bool reroute, Outcome* out) {
   if (fd_ >= 0) {
     loop_->Remove(fd_);
     close(fd_);
     fd_ = -1;
     connected_.store(false, std::memory_order_relaxed);
-    if (!pending_.empty()) MC_LOG(kWarning) << "lane to " << peer_->label << " closed: " << why.message();
+    if (!pending_.empty()) MC_LOG(kWarning) << "lane closed: " << why.message();
   }
-  peer_->errors.fetch_add(pending_.size(), std::memory_order_relaxed);
-  for (auto& p : pending_) done->emplace_back(p.slice, why);
+  for (auto& p : pending_) {
+    if (reroute) out->failed.push_back(p.slice);
+    else out->done.emplace_back(p.slice, why);
+  }
+  if (!pending_.empty()) path_->errors.fetch_add(pending_.size(), std::memory_order_relaxed);
+  if (reroute && !pending_.empty()) out->why = why;
   pending_.clear();
   send_index_ = 0;
   payload_left_ = 0;

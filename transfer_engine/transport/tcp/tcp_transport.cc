@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "transfer_engine/common/log.h"
@@ -49,6 +50,17 @@ TransportCapabilities TcpTransport::capabilities() const {
 Status TcpTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
   config_ = ctx.config;
+  // Which local NICs carry data, and which addresses peers may use to reach us.
+  data_ips_ = {ctx.advertised_ip};
+  bool loopback = ctx.advertised_ip.rfind("127.", 0) == 0 || ctx.advertised_ip == "::1";
+  if (config_->tcp_bind_address.empty() && !loopback) {
+    auto nics = SelectNics(ctx.device_filter, config_->custom_topology_path);
+    if (!nics.ok()) return nics.status();
+    local_nics_ = std::move(nics.value());
+    for (const auto& nic : local_nics_) {
+      if (std::find(data_ips_.begin(), data_ips_.end(), nic.ipv4) == data_ips_.end()) data_ips_.push_back(nic.ipv4);
+    }
+  }
   std::string bind_ip = config_->tcp_bind_address.empty() ? "0.0.0.0" : config_->tcp_bind_address;
   auto fd = net::Listen(bind_ip, 0, 1024);
   if (!fd.ok()) return fd.status();
@@ -63,24 +75,39 @@ Status TcpTransport::Start(const TransportContext& ctx) {
   }
   acceptor_ = std::make_unique<Acceptor>(this, listen_fd_);
   MC_RETURN_IF_ERROR(loops_[0]->Add(listen_fd_, EPOLLIN, acceptor_.get()));
-  MC_LOG(kDebug) << "tcp transport listening on " << bind_ip << ":" << data_port_ << " with " << loops_.size()
-                 << " I/O threads";
+  prober_ = std::thread([this] { ProbeLoop(); });
+  std::string ips;
+  for (const auto& ip : data_ips_) ips += (ips.empty() ? "" : ", ") + ip;
+  MC_LOG(kInfo) << "tcp transport: data port " << data_port_ << " on " << ips << " (" << loops_.size()
+                << " I/O threads, " << config_->tcp_lanes_per_peer << " connections per path)";
   return Status::Ok();
 }
 
 void TcpTransport::Stop() {
   if (stopped_.exchange(true)) return;
+  probe_cv_.notify_all();
+  if (prober_.joinable()) prober_.join();
   for (auto& loop : loops_) loop->Stop();
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     listen_fd_ = -1;
   }
   Status why(ErrorCode::kSocket, "transfer engine is shutting down");
+  std::vector<Peer*> peers;
   {
     std::lock_guard lock(peers_mu_);
-    for (auto& [key, peer] : peers_) {
-      for (auto& lane : peer->lanes) lane->Shutdown(why);
+    for (auto& [key, peer] : peers_) peers.push_back(peer.get());
+  }
+  for (Peer* peer : peers) {
+    for (auto& path : peer->paths) {
+      for (auto& lane : path->lanes) lane->Abort(why, /*reroute=*/false);
     }
+    std::deque<Slice*> queued;
+    {
+      std::lock_guard lock(peer->mu);
+      queued.swap(peer->queue);
+    }
+    for (Slice* s : queued) s->Complete(why);
   }
   std::lock_guard lock(conns_mu_);
   for (ServerConnection* c : conns_) delete c;
@@ -113,18 +140,78 @@ void TcpTransport::OnTick(size_t loop_index) {
   std::vector<ClientLane*> lanes;
   {
     std::lock_guard lock(peers_mu_);
+    size_t i = 0;
     for (auto& [key, peer] : peers_) {
-      for (size_t i = 0; i < peer->lanes.size(); ++i) {
-        if (i % loops_.size() == loop_index) lanes.push_back(peer->lanes[i].get());
+      for (auto& path : peer->paths) {
+        for (auto& lane : path->lanes) {
+          if (i++ % loops_.size() == loop_index) lanes.push_back(lane.get());
+        }
       }
     }
   }
   for (ClientLane* lane : lanes) lane->CheckTimeout(now);
+  if (loop_index == 0) SampleRates(now);
+}
+
+void TcpTransport::SampleRates(std::chrono::steady_clock::time_point now) {
+  double dt = std::chrono::duration<double>(now - last_sample_).count();
+  last_sample_ = now;
+  if (dt <= 0 || dt > 1.0) dt = 0;  // first tick, or a stalled loop: no sample
+  std::lock_guard lock(peers_mu_);
+  for (auto& [key, peer] : peers_) {
+    for (auto& path : peer->paths) {
+      uint64_t bytes = path->bytes.load(std::memory_order_relaxed);
+      uint64_t delta = bytes - path->sampled_bytes;
+      path->sampled_bytes = bytes;
+      bool busy = false;
+      for (auto& lane : path->lanes) busy = busy || lane->outstanding_bytes() > 0;
+      if (!busy || dt == 0 || delta == 0) continue;
+      double sample = static_cast<double>(delta) / dt;
+      double old = path->rate.load(std::memory_order_relaxed);
+      path->rate.store(old == 0 ? sample : 0.7 * old + 0.3 * sample, std::memory_order_relaxed);
+    }
+  }
+}
+
+size_t TcpTransport::LaneWindow(const PeerPath& path) const {
+  // About 25 ms of the path's measured rate, split over its lanes; between one slice and MC_TCP_LANE_WINDOW.
+  double rate = path.rate.load(std::memory_order_relaxed);
+  if (rate <= 0) return config_->tcp_lane_window;
+  size_t w = static_cast<size_t>(rate * 0.025 / std::max<size_t>(1, path.lanes.size()));
+  return std::clamp(w, config_->tcp_slice_size, std::max(config_->tcp_slice_size, config_->tcp_lane_window));
+}
+
+void TcpTransport::ProbeLoop() {
+  std::unique_lock lock(probe_mu_);
+  while (!probe_cv_.wait_for(lock, config_->tcp_probe_interval, [&] { return stopped_.load(); })) {
+    lock.unlock();
+    std::vector<PeerPath*> down;
+    {
+      std::lock_guard plock(peers_mu_);
+      for (auto& [key, peer] : peers_) {
+        for (auto& path : peer->paths) {
+          if (path->down.load()) down.push_back(path.get());
+        }
+      }
+    }
+    for (PeerPath* path : down) {
+      if (stopped_.load()) break;
+      auto timeout = std::min(config_->handshake_connect_timeout, std::chrono::milliseconds(1000));
+      auto fd = net::Connect(path->remote_ip, path->port, timeout, path->local_ip);
+      if (!fd.ok()) continue;
+      close(*fd);
+      path->down.store(false);
+      MC_LOG(kInfo) << "path " << path->label << " is reachable again; back in service";
+      Dispatch(path->peer);
+    }
+    lock.lock();
+  }
 }
 
 void TcpTransport::Describe(nlohmann::json& descriptor) const {
   descriptor["tcp_data_port"] = data_port_;
-  descriptor["tcp_data_ip"] = ctx_.advertised_ip;
+  descriptor["tcp_data_ip"] = data_ips_.front();
+  descriptor["tcp_data_ips"] = data_ips_;
   descriptor["tcp_proto_version"] = 3;  // this project's framing (wire.h); Mooncake's are 1 and 2
 }
 
@@ -137,29 +224,159 @@ bool TcpTransport::CanReach(const SegmentDescriptor& peer) const {
 }
 
 TcpTransport::Peer* TcpTransport::GetPeer(const SegmentDescriptor& desc, Status* error) {
-  std::string ip = desc.json.value("tcp_data_ip", "");
-  uint16_t port = desc.json.value("tcp_data_port", 0);
-  std::string key = net::HostPort{ip, port}.ToString();
+  std::string key = desc.name + "/" + desc.json.value("instance", "");
   std::lock_guard lock(peers_mu_);
   if (stopped_) {
     *error = Status(ErrorCode::kSocket, "transfer engine is shutting down");
     return nullptr;
   }
-  segment_to_peer_[desc.name] = key;
   auto it = peers_.find(key);
   if (it != peers_.end()) return it->second.get();
+
+  std::vector<std::string> remote_ips;
+  if (auto ips = desc.json.find("tcp_data_ips"); ips != desc.json.end() && ips->is_array()) {
+    for (const auto& ip : *ips) {
+      if (ip.is_string()) remote_ips.push_back(ip.get<std::string>());
+    }
+  }
+  if (remote_ips.empty()) remote_ips.push_back(desc.json.value("tcp_data_ip", ""));
+  // Pair each remote address with the local NIC on its subnet. When some pair up, use only those (so the
+  // allow-list holds); when none do (routed networks, loopback), let the kernel route to every address.
+  std::vector<std::pair<const NicInfo*, std::string>> pairs;
+  for (const auto& ip : remote_ips) {
+    for (const auto& nic : local_nics_) {
+      if (InSubnet(nic, ip)) {
+        pairs.emplace_back(&nic, ip);
+        break;
+      }
+    }
+  }
+  if (pairs.empty()) {
+    for (const auto& ip : remote_ips) pairs.emplace_back(nullptr, ip);
+  }
   auto peer = std::make_unique<Peer>();
-  peer->endpoint.host = ip;
-  peer->endpoint.port = port;
-  peer->endpoint.label = desc.name + " (" + key + ")";
-  size_t first_loop = peers_.size();
-  for (int i = 0; i < config_->tcp_lanes_per_peer; ++i) {
-    IoLoop* loop = loops_[(first_loop + i) % loops_.size()].get();
-    peer->lanes.push_back(std::make_unique<ClientLane>(*config_, loop, &peer->endpoint));
+  peer->name = desc.name;
+  uint16_t port = desc.json.value("tcp_data_port", 0);
+  size_t loop = peers_.size();
+  for (const auto& [nic, ip] : pairs) {
+    auto path = std::make_unique<PeerPath>();
+    path->peer = peer.get();
+    path->local_ip = nic ? nic->ipv4 : "";
+    path->nic = nic ? nic->name : "";
+    path->remote_ip = ip;
+    path->port = port;
+    path->label = desc.name + " via " + (nic ? nic->name + " " + nic->ipv4 : std::string("default route")) + " -> " +
+                  net::HostPort{ip, port}.ToString();
+    for (int i = 0; i < config_->tcp_lanes_per_peer; ++i) {
+      IoLoop* l = loops_[loop++ % loops_.size()].get();
+      path->lanes.push_back(std::make_unique<ClientLane>(*config_, l, path.get(), static_cast<LaneOwner*>(this)));
+    }
+    peer->paths.push_back(std::move(path));
   }
   Peer* raw = peer.get();
   peers_.emplace(key, std::move(peer));
   return raw;
+}
+
+std::string TcpTransport::NoPathError(const Peer& peer) {
+  std::string msg = "no path left to '" + peer.name + "'; tried:";
+  for (const auto& path : peer.paths) {
+    std::lock_guard lock(path->mu);
+    msg += " [" + path->label + ": " + (path->last_error.empty() ? "down" : path->last_error) + "]";
+  }
+  return msg;
+}
+
+void TcpTransport::Refill(ClientLane* lane) {
+  auto* path = static_cast<PeerPath*>(lane->path());
+  if (path->down.load() || stopped_.load()) return;
+  Peer* peer = path->peer;
+  std::vector<Slice*> take;
+  {
+    std::lock_guard lock(peer->mu);
+    size_t window = LaneWindow(*path);
+    size_t room = window > lane->outstanding_bytes() ? window - lane->outstanding_bytes() : 0;
+    size_t taken = 0;
+    while (!peer->queue.empty() && (taken < room || (take.empty() && lane->outstanding_bytes() == 0))) {
+      taken += peer->queue.front()->length;
+      take.push_back(peer->queue.front());
+      peer->queue.pop_front();
+    }
+  }
+  if (!take.empty()) lane->Enqueue(take);
+}
+
+void TcpTransport::Dispatch(Peer* peer) {
+  bool any_up = false;
+  for (auto& path : peer->paths) {
+    if (path->down.load()) continue;
+    any_up = true;
+    size_t n = path->lanes.size();
+    size_t start = peer->next.fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < n; ++i) Refill(path->lanes[(start + i) % n].get());
+  }
+  if (any_up) return;
+  std::deque<Slice*> queued;
+  {
+    std::lock_guard lock(peer->mu);
+    queued.swap(peer->queue);
+  }
+  if (queued.empty()) return;
+  Status st(ErrorCode::kPeerUnreachable, NoPathError(*peer));
+  for (Slice* s : queued) s->Complete(st);
+}
+
+void TcpTransport::OnLaneRoom(ClientLane* lane) { Refill(lane); }
+
+void TcpTransport::MarkDown(PeerPath* path, const Status& why) {
+  {
+    std::lock_guard lock(path->mu);
+    path->last_error = why.message();
+  }
+  if (path->down.exchange(true)) return;
+  MC_LOG(kWarning) << "path " << path->label << " is down (" << why.message()
+                   << "); its transfers move to the other paths, and it is probed every "
+                   << config_->tcp_probe_interval.count() << " ms";
+  for (auto& lane : path->lanes) lane->Abort(why, /*reroute=*/true);  // siblings share the broken link
+}
+
+void TcpTransport::OnLaneFailed(ClientLane* lane, std::vector<Slice*> slices, const Status& why) {
+  auto* path = static_cast<PeerPath*>(lane->path());
+  Peer* peer = path->peer;
+  if (stopped_.load()) {
+    for (Slice* s : slices) s->Complete(why);
+    return;
+  }
+  MarkDown(path, why);
+  std::vector<Slice*> retry;
+  for (Slice* s : slices) {
+    if (++s->attempts > static_cast<uint32_t>(config_->retry_count)) {
+      s->Complete(Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
+                                         " attempts, MC_RETRY_CNT)"));
+    } else {
+      retry.push_back(s);
+    }
+  }
+  path->failovers.fetch_add(retry.size(), std::memory_order_relaxed);
+  {
+    std::lock_guard lock(peer->mu);
+    peer->queue.insert(peer->queue.begin(), retry.begin(), retry.end());
+  }
+  Dispatch(peer);
+}
+
+ClientLane* TcpTransport::IdlestLane(Peer* peer) {
+  ClientLane* best = nullptr;
+  size_t start = peer->next.fetch_add(1, std::memory_order_relaxed);
+  for (size_t p = 0; p < peer->paths.size(); ++p) {
+    auto& path = peer->paths[(start + p) % peer->paths.size()];
+    if (path->down.load()) continue;
+    for (auto& lane : path->lanes) {
+      if (!best || lane->outstanding_bytes() < best->outstanding_bytes()) best = lane.get();
+      if (best->outstanding_bytes() == 0) return best;
+    }
+  }
+  return best;
 }
 
 void TcpTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
@@ -170,34 +387,16 @@ void TcpTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice
     for (Slice* s : slices) s->Complete(error);
     return;
   }
-  const size_t n_lanes = peer->lanes.size();
-  if (slices.size() == 1 || n_lanes == 1) {
-    LeastBusyLane(peer)->Enqueue(slices);
-    return;
+  {
+    std::lock_guard lock(peer->mu);
+    peer->queue.insert(peer->queue.end(), slices.begin(), slices.end());
   }
-  // Many slices: spread them round-robin over the lanes so they move in parallel.
-  std::vector<std::vector<Slice*>> groups(n_lanes);
-  size_t start = peer->next_lane.fetch_add(1, std::memory_order_relaxed);
-  for (size_t i = 0; i < slices.size(); ++i) groups[(start + i) % n_lanes].push_back(slices[i]);
-  for (size_t i = 0; i < n_lanes; ++i) {
-    if (!groups[i].empty()) peer->lanes[i]->Enqueue(groups[i]);
-  }
-}
-
-ClientLane* TcpTransport::LeastBusyLane(Peer* peer) {
-  // Rotate the starting point so idle lanes share the work; prefer the one with the least in flight.
-  const size_t n = peer->lanes.size();
-  size_t best = peer->next_lane.fetch_add(1, std::memory_order_relaxed) % n;
-  for (size_t i = 1; i < n && peer->lanes[best]->outstanding_bytes() > 0; ++i) {
-    size_t cand = (best + i) % n;
-    if (peer->lanes[cand]->outstanding_bytes() < peer->lanes[best]->outstanding_bytes()) best = cand;
-  }
-  return peer->lanes[best].get();
+  Dispatch(peer);
 }
 
 void TcpTransport::SubmitAndDrive(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
   if (slices.size() != 1) {
-    Submit(desc, slices);  // spread over the lanes; the I/O threads move them in parallel
+    Submit(desc, slices);  // spread over the paths; the I/O threads move them in parallel
     return;
   }
   Status error;
@@ -206,18 +405,16 @@ void TcpTransport::SubmitAndDrive(const SegmentDescriptor& desc, const std::vect
     slices[0]->Complete(error);
     return;
   }
-  ClientLane* lane = LeastBusyLane(peer);
-  if (!lane->TryDrive(slices)) lane->Enqueue(slices);
+  ClientLane* lane = IdlestLane(peer);
+  if (lane && lane->outstanding_bytes() == 0 && lane->TryDrive(slices)) return;
+  Submit(desc, slices);
 }
 
 void TcpTransport::ForgetPeer(const std::string& segment_name) {
   std::lock_guard lock(peers_mu_);
-  auto it = segment_to_peer_.find(segment_name);
-  if (it == segment_to_peer_.end()) return;
-  auto peer = peers_.find(it->second);
-  if (peer != peers_.end()) {
-    std::lock_guard plock(peer->second->endpoint.mu);
-    peer->second->endpoint.down_until = {};  // let the next transfer try again at once
+  for (auto& [key, peer] : peers_) {
+    if (peer->name != segment_name) continue;
+    for (auto& path : peer->paths) path->down.store(false);  // let the next transfer try every path at once
   }
 }
 
@@ -227,20 +424,27 @@ nlohmann::json TcpTransport::Stats() const {
   nlohmann::json out = nlohmann::json::object();
   std::lock_guard lock(peers_mu_);
   for (const auto& [key, peer] : peers_) {
-    size_t connected = 0;
-    for (const auto& lane : peer->lanes) connected += lane->connected();
-    bool down;
-    {
-      std::lock_guard plock(peer->endpoint.mu);
-      down = std::chrono::steady_clock::now() < peer->endpoint.down_until;
+    for (const auto& path : peer->paths) {
+      size_t connected = 0;
+      for (const auto& lane : path->lanes) connected += lane->connected();
+      std::string last_error;
+      {
+        std::lock_guard plock(path->mu);
+        last_error = path->last_error;
+      }
+      out[path->label] = {{"peer", peer->name},
+                          {"local_nic", path->nic},
+                          {"local_ip", path->local_ip},
+                          {"remote", net::HostPort{path->remote_ip, path->port}.ToString()},
+                          {"bytes", path->bytes.load()},
+                          {"slices", path->slices.load()},
+                          {"errors", path->errors.load()},
+                          {"failovers", path->failovers.load()},
+                          {"lanes", path->lanes.size()},
+                          {"connected_lanes", connected},
+                          {"state", path->down.load() ? "down" : "up"},
+                          {"last_error", last_error}};
     }
-    out[key] = {{"peer", peer->endpoint.label},
-                {"bytes", peer->endpoint.bytes.load()},
-                {"slices", peer->endpoint.slices.load()},
-                {"errors", peer->endpoint.errors.load()},
-                {"lanes", peer->lanes.size()},
-                {"connected_lanes", connected},
-                {"state", down ? "down" : "up"}};
   }
   return out;
 }

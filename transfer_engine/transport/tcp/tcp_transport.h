@@ -2,13 +2,17 @@
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "transfer_engine/core/topology.h"
 #include "transfer_engine/transport/tcp/client_lane.h"
 #include "transfer_engine/transport/tcp/io_loop.h"
 #include "transfer_engine/transport/tcp/server_connection.h"
@@ -16,10 +20,19 @@
 
 namespace mooncake::te::tcp {
 
-/// TCP transport: `MC_TCP_IO_THREADS` epoll loops; per peer `MC_TCP_LANES_PER_PEER` pooled, pipelined
-/// connections over which a transfer's slices are spread; zero-copy from/to registered memory on both ends.
-/// Descriptor fields: `tcp_data_port` (Mooncake's) and `tcp_data_ip`.
-class TcpTransport : public Transport {
+/// TCP transport over every NIC pair a host has.
+///
+/// - Paths: each of the peer's advertised data addresses (`tcp_data_ips`) paired with the local NIC on its
+///   subnet (NICs from the allow-list / MC_CUSTOM_TOPO_JSON); MC_TCP_LANES_PER_PEER pooled, pipelined
+///   connections per path, driven by MC_TCP_IO_THREADS epoll loops.
+/// - Striping: a peer's slices wait in one queue; each connection pulls more whenever it has less than
+///   MC_TCP_LANE_WINDOW bytes in flight, so faster paths carry more (bandwidth adds up, slow paths get less).
+/// - Failover: a path whose connection fails or moves no data for MC_TCP_STALL_TIMEOUT_MS is marked down; its
+///   slices go back to the queue for the other paths (at most MC_RETRY_CNT times each); a prober reconnects
+///   down paths every MC_TCP_PROBE_INTERVAL_MS and puts them back into service. Only with no path left do
+///   slices fail, with an error naming the peer and every path tried.
+/// - Target side: one listener on all NICs; zero-copy into/out of registered memory (server_connection.h).
+class TcpTransport : public Transport, private LaneOwner {
  public:
   TcpTransport();
   ~TcpTransport() override;
@@ -36,36 +49,66 @@ class TcpTransport : public Transport {
   size_t slice_size() const override;
   nlohmann::json Stats() const override;
 
-  uint16_t data_port() const { return data_port_; }
-
  private:
-  struct Peer {
-    PeerEndpoint endpoint;
+  struct Peer;
+  struct PeerPath : Path {
+    Peer* peer = nullptr;
+    std::string nic;  ///< local NIC name ("" when the kernel routes)
     std::vector<std::unique_ptr<ClientLane>> lanes;
-    std::atomic<uint32_t> next_lane{0};
+    /// Measured throughput (bytes/s, EWMA over busy 100 ms ticks; 0 until measured). Sizes each lane's
+    /// window so a slow path holds little work when a transfer ends. Written by loop 0's tick only.
+    std::atomic<double> rate{0};
+    uint64_t sampled_bytes = 0;
+  };
+  struct Peer {
+    std::string name;
+    std::vector<std::unique_ptr<PeerPath>> paths;
+    std::mutex mu;              // guards queue
+    std::deque<Slice*> queue;   // slices waiting for a connection with room
+    std::atomic<uint32_t> next{0};
   };
   class Acceptor;
 
   Peer* GetPeer(const SegmentDescriptor& desc, Status* error);
-  static ClientLane* LeastBusyLane(Peer* peer);
   void OnAccept(int fd);
   void OnTick(size_t loop_index);
+  void ProbeLoop();
+
+  // LaneOwner
+  void OnLaneRoom(ClientLane* lane) override;
+  void OnLaneFailed(ClientLane* lane, std::vector<Slice*> slices, const Status& why) override;
+
+  /// Hands queued slices to every connection of every live path that has room; fails the queue when no
+  /// path is left.
+  void Dispatch(Peer* peer);
+  void Refill(ClientLane* lane);
+  size_t LaneWindow(const PeerPath& path) const;
+  void SampleRates(std::chrono::steady_clock::time_point now);
+  void MarkDown(PeerPath* path, const Status& why);
+  static std::string NoPathError(const Peer& peer);
+  static ClientLane* IdlestLane(Peer* peer);
 
   TransportContext ctx_;
   const EngineConfig* config_ = nullptr;
+  std::vector<NicInfo> local_nics_;     // empty: loopback-only / single address
+  std::vector<std::string> data_ips_;   // advertised, first = ctx_.advertised_ip
   std::vector<std::unique_ptr<IoLoop>> loops_;
   std::unique_ptr<Acceptor> acceptor_;
   int listen_fd_ = -1;
   uint16_t data_port_ = 0;
   std::atomic<size_t> next_loop_{0};
   std::atomic<bool> stopped_{false};
+  std::chrono::steady_clock::time_point last_sample_{};
 
   mutable std::mutex peers_mu_;
-  std::map<std::string, std::unique_ptr<Peer>> peers_;  // by "ip:port"; never erased before Stop()
-  std::map<std::string, std::string> segment_to_peer_;  // segment name -> peers_ key
+  std::map<std::string, std::unique_ptr<Peer>> peers_;  // by peer instance; never erased before Stop()
 
   std::mutex conns_mu_;
   std::unordered_set<ServerConnection*> conns_;
+
+  std::mutex probe_mu_;
+  std::condition_variable probe_cv_;
+  std::thread prober_;
 };
 
 }  // namespace mooncake::te::tcp
