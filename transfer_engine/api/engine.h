@@ -96,7 +96,8 @@ class TransferEngine {
   /// Per-transport, per-peer counters (JSON).
   std::string StatsJson() const;
   /// This host's NIC priority matrix in Mooncake's JSON shape ({"cpu:N": [[preferred...], [available...]]}),
-  /// restricted to the comma-separated `device_filter` when not empty.
+  /// restricted to the comma-separated `device_filter` when not empty (else MC_TE_FILTERS, else the NICs of
+  /// MC_CUSTOM_TOPO_JSON, else all).
   static std::string LocalTopologyJson(const std::string& device_filter);
 
   class Impl;

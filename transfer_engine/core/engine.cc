@@ -641,7 +641,17 @@ std::string TransferEngine::StatsJson() const {
 }
 
 std::string TransferEngine::LocalTopologyJson(const std::string& device_filter) {
-  return DiscoverTopologyJson(device_filter);
+  EngineConfig config = EngineConfig::FromEnv();
+  std::string filter = device_filter.empty() ? config.nic_filter : device_filter;
+  if (filter.empty() && !config.custom_topology_path.empty()) {
+    auto nics = SelectNics("", config.custom_topology_path);
+    if (!nics.ok()) {
+      MC_LOG(kWarning) << nics.status().message();
+      return "{}";
+    }
+    for (const auto& n : *nics) filter += (filter.empty() ? "" : ",") + n.name;
+  }
+  return DiscoverTopologyJson(filter);
 }
 
 }  // namespace mooncake::te

@@ -150,7 +150,12 @@ void TcpTransport::OnTick(size_t loop_index) {
     }
   }
   for (ClientLane* lane : lanes) lane->CheckTimeout(now);
-  if (loop_index == 0) SampleRates(now);
+  if (loop_index != 0) return;
+  SampleRates(now);
+  if (MC_LOG_ENABLED(kDebug) && now - last_stats_log_ >= std::chrono::seconds(5)) {
+    last_stats_log_ = now;
+    MC_LOG(kDebug) << "tcp path counters: " << Stats().dump();
+  }
 }
 
 void TcpTransport::SampleRates(std::chrono::steady_clock::time_point now) {

@@ -99,6 +99,7 @@ class TcpTransport : public Transport, private LaneOwner {
   std::atomic<size_t> next_loop_{0};
   std::atomic<bool> stopped_{false};
   std::chrono::steady_clock::time_point last_sample_{};
+  std::chrono::steady_clock::time_point last_stats_log_{};  // loop 0 only
 
   mutable std::mutex peers_mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;  // by peer instance; never erased before Stop()
