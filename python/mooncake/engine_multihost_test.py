@@ -112,3 +112,5 @@ def test_topology_dump_lists_the_hosts_nics(two_hosts):
     out = subprocess.run(a.prefix + dump + ["--device_name", a.nics[1]], capture_output=True, text=True, env=env,
                          timeout=60)
     assert sum(json.loads(out.stdout)["cpu:0"], []) == [a.nics[1]]
+    out = subprocess.run(a.prefix + dump + ["--verbose"], capture_output=True, text=True, env=env, timeout=60)
+    assert f"nic {a.nics[0]}: {a.ips[0]}/24, NUMA node 0" in out.stderr and "CPUs" in out.stderr

@@ -15,11 +15,21 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="transfer_engine_topology_dump", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device_name", default="", help="comma-separated NIC allow-list (default: all)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print each NIC's address, NUMA node and speed, and each NUMA node's CPUs (stderr)")
     args = p.parse_args(argv)
-    from mooncake._native import local_topology
+    from mooncake._native import local_host, local_topology
 
     matrix = json.loads(local_topology(args.device_name))
     print(json.dumps(matrix, indent=2))
+    if args.verbose:
+        host = json.loads(local_host(args.device_name))
+        for nic in host["nics"]:
+            speed = f"{nic['speed_mbps']} Mbit/s" if nic["speed_mbps"] > 0 else "speed unknown"
+            print(f"nic {nic['name']}: {nic['ipv4']}/{nic['prefix_len']}, NUMA node {nic['numa_node']}, {speed}",
+                  file=sys.stderr)
+        for node, info in host["numa_nodes"].items():
+            print(f"NUMA node {node}: CPUs {info['cpus']}", file=sys.stderr)
     if not any(lists[0] or lists[1] for lists in matrix.values()):
         print("note: no NIC matched (only loopback?); engines then use the address of their local_hostname",
               file=sys.stderr)

@@ -99,6 +99,8 @@ class TransferEngine {
   /// restricted to the comma-separated `device_filter` when not empty (else MC_TE_FILTERS, else the NICs of
   /// MC_CUSTOM_TOPO_JSON, else all).
   static std::string LocalTopologyJson(const std::string& device_filter);
+  /// NICs (address, NUMA node, speed), NUMA nodes with their CPUs and the host id, as JSON (same filtering).
+  static std::string LocalHostJson(const std::string& device_filter);
 
   class Impl;
 

@@ -640,18 +640,29 @@ std::string TransferEngine::StatsJson() const {
   return j.dump();
 }
 
-std::string TransferEngine::LocalTopologyJson(const std::string& device_filter) {
+namespace {
+// device_filter, else MC_TE_FILTERS, else the NICs of MC_CUSTOM_TOPO_JSON, else "" (all).
+std::string EffectiveNicFilter(const std::string& device_filter) {
   EngineConfig config = EngineConfig::FromEnv();
   std::string filter = device_filter.empty() ? config.nic_filter : device_filter;
   if (filter.empty() && !config.custom_topology_path.empty()) {
     auto nics = SelectNics("", config.custom_topology_path);
     if (!nics.ok()) {
       MC_LOG(kWarning) << nics.status().message();
-      return "{}";
+      return "-";  // matches no NIC
     }
     for (const auto& n : *nics) filter += (filter.empty() ? "" : ",") + n.name;
   }
-  return DiscoverTopologyJson(filter);
+  return filter;
+}
+}  // namespace
+
+std::string TransferEngine::LocalTopologyJson(const std::string& device_filter) {
+  return DiscoverTopologyJson(EffectiveNicFilter(device_filter));
+}
+
+std::string TransferEngine::LocalHostJson(const std::string& device_filter) {
+  return DescribeHostJson(EffectiveNicFilter(device_filter));
 }
 
 }  // namespace mooncake::te

@@ -119,6 +119,22 @@ std::string LocalHostId() {
   return boot + "/" + ns("/proc/self/ns/net") + "/" + ns("/proc/self/ns/pid");
 }
 
+std::string DescribeHostJson(const std::string& filter) {
+  nlohmann::json nics = nlohmann::json::array();
+  for (const auto& n : DiscoverNics(filter)) {
+    nics.push_back({{"name", n.name}, {"ipv4", n.ipv4}, {"prefix_len", n.prefix_len}, {"numa_node", n.numa_node},
+                    {"speed_mbps", n.speed_mbps}});
+  }
+  nlohmann::json nodes = nlohmann::json::object();
+  for (int node : NumaNodes()) {
+    std::ifstream f("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
+    std::string cpus;
+    std::getline(f, cpus);
+    nodes[std::to_string(node)] = {{"cpus", cpus}};
+  }
+  return nlohmann::json{{"nics", nics}, {"numa_nodes", nodes}, {"host_id", LocalHostId()}}.dump();
+}
+
 std::string DiscoverTopologyJson(const std::string& filter) {
   auto nics = DiscoverNics(filter);
   nlohmann::json matrix = nlohmann::json::object();

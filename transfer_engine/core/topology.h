@@ -33,6 +33,10 @@ bool InSubnet(const NicInfo& nic, const std::string& ip);
 /// /proc; network namespaces on one kernel count as different hosts (that is how multi-host tests run).
 std::string LocalHostId();
 
+/// What the engine sees of this host, as JSON: {"nics": [{name, ipv4, prefix_len, numa_node, speed_mbps}],
+/// "numa_nodes": {"0": {"cpus": "0-15"}}, "host_id": ...}, NICs restricted by `filter` like SelectNics.
+std::string DescribeHostJson(const std::string& filter);
+
 /// Mooncake's priority matrix ({"cpu:N": [[NICs on node N], [other NICs]]}) for this host's NUMA nodes.
 std::string DiscoverTopologyJson(const std::string& filter);
 
