@@ -213,6 +213,10 @@ def test_managed_buffers(local, peer):
     assert engine.transfer_sync_write(peer.segment, addrs[2], peer.buffer, len(data)) == 0
     assert peer.digest(0, len(data)) == hashlib.sha256(data).hexdigest()
     assert engine.read_bytes_from_buffer(addrs[2], 16) == data[:16]
+    with pytest.raises(ValueError):
+        engine.read_bytes_from_buffer(16, 16)  # not registered: an error, never a crash
+    with pytest.raises(ValueError):
+        engine.write_bytes_to_buffer(16, b"x" * 16, 16)
     for a, n in zip(addrs, sizes):
         assert engine.free_managed_buffer(a, n) == 0
 

@@ -48,6 +48,8 @@ class TransferEngine {
   /// kAddressNotRegistered when no registration starts at addr. Waits for transfers still using it.
   Status UnregisterMemory(void* addr);
   std::vector<BufferInfo> LocalBuffers() const;
+  /// Whether [addr, addr+length) lies inside one local registration.
+  bool IsRegistered(const void* addr, size_t length) const;
   /// Memory from engine-owned, registered, shareable (memfd) slabs; power-of-two size classes 8 KiB-256 MiB,
   /// larger requests get their own registration.
   StatusOr<void*> AllocateManaged(size_t length);

@@ -468,6 +468,10 @@ Status TransferEngine::UnregisterMemory(void* addr) {
   return impl_->PublishLocal();
 }
 
+bool TransferEngine::IsRegistered(const void* addr, size_t length) const {
+  return impl_->memory_.Find(reinterpret_cast<uint64_t>(addr), length == 0 ? 1 : length, /*remote=*/false) != nullptr;
+}
+
 std::vector<BufferInfo> TransferEngine::LocalBuffers() const {
   std::vector<BufferInfo> out;
   for (const auto& r : impl_->memory_.List()) out.push_back({r.location, r.start, r.length});

@@ -55,6 +55,15 @@ std::vector<uintptr_t> Addresses(const nb::sequence& objs, const std::vector<siz
   return out;
 }
 
+/// The raw-memory helpers touch only memory registered with this engine: a bad address is an error, not a crash.
+void RequireRegistered(const CompatEngine& e, uintptr_t addr, size_t length) {
+  if (!e.IsRegistered(addr, length)) {
+    throw nb::value_error(("range [" + std::to_string(addr) + ", +" + std::to_string(length) +
+                           ") is not inside memory registered with this engine")
+                              .c_str());
+  }
+}
+
 std::optional<Notification> ToNotification(nb::handle notify) {
   if (notify.is_none()) return std::nullopt;
   return nb::cast<Notification>(notify);
@@ -199,12 +208,14 @@ void RegisterEngine(nb::module_& m) {
       .def("send_notify", &CompatEngine::SendNotify, "peer_server_name"_a, "notify"_a, release)
       .def("get_stats", &CompatEngine::StatsJson,
            "Per-peer transport counters as a JSON string (bytes, slices, errors, lanes, state).")
-      .def("write_bytes_to_buffer", [](CompatEngine&, uintptr_t dest, nb::bytes src, size_t length) {
+      .def("write_bytes_to_buffer", [](CompatEngine& e, uintptr_t dest, nb::bytes src, size_t length) {
              if (length > src.size()) throw nb::value_error("length exceeds the bytes given");
+             RequireRegistered(e, dest, length);
              memcpy(reinterpret_cast<void*>(dest), src.c_str(), length);
              return 0;
            }, "dest_address"_a, "src_bytes"_a, "length"_a)
-      .def("read_bytes_from_buffer", [](CompatEngine&, uintptr_t src, size_t length) {
+      .def("read_bytes_from_buffer", [](CompatEngine& e, uintptr_t src, size_t length) {
+             RequireRegistered(e, src, length);
              return nb::bytes(reinterpret_cast<const char*>(src), length);
            }, "source_address"_a, "length"_a)
       .def("warmup_efa_segment", [](CompatEngine&, const std::string&) { return 0; }, "segment_name"_a)
