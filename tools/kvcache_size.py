@@ -70,7 +70,8 @@ class ModelShape:
         if self.mla_dim is not None:
             core = f"MLA: {self.num_layers} layers x {self.mla_dim} latent+rope dims"
         else:
-            core = f"{self.attention}: {self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim} dims (K and V)"
+            core = (f"{self.attention}: {self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim} dims "
+                    "(K and V)")
         sliding = [w for w in self.layer_windows if w is not None]
         if sliding:
             core += f"; {len(sliding)} sliding-window layers (window {max(sliding)})"
@@ -274,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
              f"{result.bytes_per_block:,} B ({human_bytes(result.bytes_per_block)})"],
             ["tokens per GiB", f"{result.tokens_per_gib:,}"]]
     if tokens is not None:
-        rows.append([f"request of {tokens:,} tokens", f"{result.request_bytes:,} B ({human_bytes(result.request_bytes)})"])
+        rows.append([f"request of {tokens:,} tokens",
+                     f"{result.request_bytes:,} B ({human_bytes(result.request_bytes)})"])
     if tp > 1:
         rows.append([f"per GPU (tp={tp}), per token", f"{result.bytes_per_token_per_gpu:,} B "
                                                        f"({human_bytes(result.bytes_per_token_per_gpu)})"])
