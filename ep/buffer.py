@@ -1,0 +1,461 @@
+"""mooncake.ep.Buffer: MoE dispatch/combine in DeepEP's low-latency shapes, over the Transfer Engine, with
+`active_ranks` fault tolerance.
+
+Data path: every rank owns one engine-allocated buffer (shared memory for peers on this host, TCP otherwise)
+holding its receive slots and send staging. A call writes each peer's slots one-sidedly, then a per-source
+sequence number into the peer's flag array (a WRITE completes only after the bytes landed, so a flag always
+follows its data), and finally polls its own flags. No collective of the process group runs on the hot path;
+the group's store is used once, to exchange buffer addresses.
+
+Failures: waiting for a rank is bounded by `timeout_us` (-1: 10 s); a rank that does not deliver in time, or
+whose memory cannot be written, is set to 0 in `active_ranks` and skipped by later calls without waiting.
+Inactive ranks' tokens are neither sent nor received; in combine, experts on inactive ranks contribute
+nothing (the remaining top-k weights are not renormalised). `update_ep_member()` re-reads the peers'
+registrations and re-activates ranks that answer again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mooncake.engine import TransferEngine
+
+from . import layout
+
+_BUFFER_IDS = itertools.count()
+_ENGINE: TransferEngine | None = None
+DEFAULT_TIMEOUT_US = 10_000_000
+_ITEMSIZE = {torch.uint8: 1, torch.int32: 4, torch.int64: 8, torch.bfloat16: 2, torch.float32: 4,
+             torch.float8_e4m3fn: 1}
+ALIGN = 64
+
+
+def _engine() -> TransferEngine:
+    """One Transfer Engine per process, shared by every Buffer (P2P handshake; MC_EP_LOCAL_HOSTNAME names the
+    address peers use, 127.0.0.1 by default)."""
+    global _ENGINE
+    if _ENGINE is None:
+        engine = TransferEngine()
+        host = os.environ.get("MC_EP_LOCAL_HOSTNAME", "127.0.0.1")
+        if engine.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
+            raise RuntimeError(f"mooncake.ep: cannot start the Transfer Engine on {host} (see the log above)")
+        _ENGINE = engine
+    return _ENGINE
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class EventOverlap:
+    """DeepEP's event handle. The CPU path completes before returning, so waiting is a no-op."""
+
+    def __init__(self, event=None):
+        self.event = event
+
+    def current_stream_wait(self) -> None:
+        return None
+
+
+class _Layout:
+    """Byte offsets inside one rank's buffer (identical on every rank).
+
+    Receive areas are double-buffered by call parity: a fast peer may start call k+1 (writing parity k+1)
+    while this rank still reads call k; it cannot start k+2 before this rank's signal for k+1, which is sent
+    only after call k returned.
+    """
+
+    def __init__(self, world: int, local_experts: int, tokens: int, hidden: int):
+        self.world, self.local, self.tokens, self.hidden = world, local_experts, tokens, hidden
+        experts = world * local_experts
+        self.row = 2 * hidden  # a bf16 row; an fp8 row (hidden + hidden/32 bytes) fits in it
+        self.meta_per_source = _align(4 * local_experts * (1 + tokens))  # counts[L] + token ids[L, T]
+        off = 0
+        self._recv = []
+        for _ in range(2):
+            area = {}
+            area["dispatch_flags"] = off
+            off += _align(8 * world)
+            area["combine_flags"] = off
+            off += _align(8 * world)
+            area["dispatch_meta"] = off
+            off += world * self.meta_per_source
+            area["dispatch_data"] = off  # [source, local expert, T, row]
+            off += world * local_experts * tokens * self.row
+            area["combine_data"] = off  # [global expert, T, row]: rows this rank sent to that expert, answered
+            off += experts * tokens * self.row
+            self._recv.append(area)
+        self.send_meta = off  # per target [meta_per_source]
+        off += world * self.meta_per_source
+        self.send_data = off  # per target, per local expert [T, row]
+        off += world * local_experts * tokens * self.row
+        self.send_combine = off  # [local expert, world * T, row]
+        off += local_experts * world * tokens * self.row
+        self.send_flag = off  # one int64 holding the current sequence number
+        off += ALIGN
+        self.size = off
+
+    def area(self, seq: int, name: str) -> int:
+        return self._recv[seq % 2][name]
+
+    def dispatch_slot(self, seq: int, source: int, local_expert: int) -> int:
+        return self.area(seq, "dispatch_data") + ((source * self.local + local_expert) * self.tokens) * self.row
+
+
+class Buffer:
+    """Dispatch/combine buffer for one expert-parallel group.
+
+    Arguments:
+        group: the process group of the EP ranks (any backend; used only to learn ranks and for its store).
+        num_ep_buffer_bytes: accepted for compatibility; the buffer is sized at the first dispatch from the
+            actual token capacity, hidden size and expert count.
+    """
+
+    def __init__(self, group, num_ep_buffer_bytes: int = 0, disable_p2p: bool = False):
+        if not dist.is_initialized():
+            raise RuntimeError("mooncake.ep.Buffer needs torch.distributed to be initialized")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.num_ep_buffer_bytes = num_ep_buffer_bytes
+        self._id = next(_BUFFER_IDS)
+        self._store = dist.distributed_c10d._get_default_store()
+        self._engine = _engine()
+        self._shape: tuple | None = None
+        self._layout: _Layout | None = None
+        self._base = 0
+        self._mem: torch.Tensor | None = None  # the whole registered buffer as bytes
+        self._peers: list[dict] = []
+        self._active = torch.ones(self.world, dtype=torch.int32)
+        self._dispatch_seq = 0
+        self._combine_seq = 0
+        self._epoch = 0
+
+    # ------------------------------------------------------------------ sizing and connection
+
+    @staticmethod
+    def get_ep_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                num_experts: int) -> int:
+        """DeepEP/Mooncake's hint: 4*E*4 + 4*E*T*(32 + 2*hidden) bytes (num_ranks unused)."""
+        e, t = num_experts, num_max_dispatch_tokens_per_rank
+        return 4 * e * 4 + 4 * e * t * (32 + 2 * hidden)
+
+    def _key(self, rank: int) -> str:
+        return f"mooncake_ep/{self._id}/{self._shape}/{rank}"
+
+    def _connect(self, tokens: int, hidden: int, num_experts: int) -> None:
+        shape = (tokens, hidden, num_experts)
+        if self._shape == shape:
+            return
+        if self._shape is not None:
+            raise ValueError(f"this Buffer was set up for (tokens, hidden, experts) = {self._shape}; "
+                             f"create another Buffer for {shape}")
+        self._shape = shape
+        self._layout = _Layout(self.world, num_experts // self.world, tokens, hidden)
+        self._base = self._engine.allocate_managed_buffer(self._layout.size)
+        if self._base == 0:
+            raise RuntimeError(f"mooncake.ep: cannot allocate {self._layout.size} bytes of registered memory")
+        ctypes.memset(self._base, 0, self._layout.size)
+        self._mem = torch.frombuffer((ctypes.c_uint8 * self._layout.size).from_address(self._base), dtype=torch.uint8)
+        self._publish()
+        self._peers = [self._lookup(r) for r in range(self.world)]
+
+    def _publish(self) -> None:
+        info = {"segment": self._engine.get_local_segment_name(), "base": self._base}
+        self._store.set(self._key(self.rank), json.dumps(info))
+
+    def _lookup(self, rank: int) -> dict:
+        return json.loads(self._store.get(self._key(rank)))
+
+    def update_ep_member(self, timeout_s: float = 10.0) -> None:
+        """Collective over the ranks that are alive: re-reads every rank's registration, re-activates the ranks
+        that take part, and aligns the call counters (a rank that was stalled may be behind). Ranks that do not
+        call it within `timeout_s` stay inactive."""
+        if self._layout is None:
+            return
+        self._epoch += 1
+        prefix = f"mooncake_ep/{self._id}/sync/{self._epoch}/"
+        self._store.set(prefix + str(self.rank), json.dumps([self._dispatch_seq, self._combine_seq]))
+        deadline = time.monotonic() + timeout_s
+        seqs = {}
+        for r in range(self.world):
+            key = prefix + str(r)
+            while r not in seqs and time.monotonic() < deadline:
+                if self._store.check([key]):
+                    seqs[r] = json.loads(self._store.get(key))
+                else:
+                    time.sleep(0.01)
+        for r in range(self.world):
+            self._peers[r] = self._lookup(r)
+            self._active[r] = 1 if r in seqs else 0
+        self._dispatch_seq = max(s[0] for s in seqs.values())
+        self._combine_seq = max(s[1] for s in seqs.values())
+
+    # ------------------------------------------------------------------ helpers
+
+    def _view(self, offset: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        n = int(np.prod(shape)) * _ITEMSIZE[dtype]
+        return self._mem[offset:offset + n].view(dtype).view(shape)
+
+    def _flags(self, offset: int) -> np.ndarray:
+        return np.ctypeslib.as_array((ctypes.c_int64 * self.world).from_address(self._base + offset))
+
+    def _resolve_active(self, active_ranks) -> torch.Tensor:
+        if active_ranks is None:
+            return self._active
+        if not isinstance(active_ranks, torch.Tensor) or active_ranks.dtype != torch.int32:
+            raise TypeError("active_ranks must be an int32 tensor of shape [num_ranks]")
+        if active_ranks.shape != (self.world,):
+            raise ValueError(f"active_ranks must have shape [{self.world}], got {list(active_ranks.shape)}")
+        self._active &= active_ranks  # a rank the caller deactivated stays off until update_ep_member()
+        return self._active
+
+    def _send(self, writes: dict[int, list[tuple[int, int, int]]], deadline: float) -> None:
+        """Writes (local offset, remote offset, length) lists to each rank; ranks whose writes fail or do not
+        finish by the deadline are deactivated."""
+        batches = {}
+        for r, items in writes.items():
+            if not items or not self._active[r]:
+                continue
+            peer = self._peers[r]
+            bid = self._engine.batch_transfer_async_write(
+                peer["segment"], [self._base + lo for lo, _, _ in items], [peer["base"] + ro for _, ro, _ in items],
+                [n for _, _, n in items])
+            if bid == 0:
+                self._active[r] = 0
+            else:
+                batches[r] = bid
+        while batches:
+            for r, bid in list(batches.items()):
+                status = self._engine.transfer_check_status(bid)
+                if status == 1:
+                    del batches[r]
+                elif status < 0:
+                    self._active[r] = 0
+                    del batches[r]
+            if batches and time.monotonic() > deadline:
+                for r in batches:
+                    self._active[r] = 0  # the transfer finishes (or fails) in the background
+                return
+            if batches:
+                time.sleep(20e-6)
+
+    def _signal(self, flag_offset: int, seq: int, targets: list[int], deadline: float) -> None:
+        self._view(self._layout.send_flag, torch.int64, (1,))[0] = seq
+        self._send({r: [(self._layout.send_flag, flag_offset + 8 * self.rank, 8)] for r in targets}, deadline)
+
+    def _wait(self, flag_offset: int, seq: int, sources: list[int], deadline: float) -> None:
+        flags = self._flags(flag_offset)
+        pending = [s for s in sources if self._active[s]]
+        spins = 0
+        while pending:
+            pending = [s for s in pending if flags[s] != seq and self._active[s]]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                for s in pending:
+                    self._active[s] = 0
+                return
+            spins += 1
+            if spins > 200:
+                time.sleep(20e-6)
+
+    @staticmethod
+    def _deadline(timeout_us: int) -> float:
+        return time.monotonic() + (DEFAULT_TIMEOUT_US if timeout_us is None or timeout_us < 0 else timeout_us) / 1e6
+
+    # ------------------------------------------------------------------ dispatch
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, active_ranks, num_max_dispatch_tokens_per_rank: int,
+                 num_experts: int, timeout_us: int = -1, use_fp8: bool = True, async_finish: bool = False,
+                 return_recv_hook: bool = False):
+        """Sends each token to the ranks owning its top-k experts.
+
+        Arguments:
+            x: bf16 [num_tokens, hidden], contiguous, hidden % 128 == 0, num_tokens <= num_max_dispatch_tokens_per_rank.
+            topk_idx: int64 [num_tokens, num_topk]; -1 masks a slot.
+            active_ranks: int32 [num_ranks] (1 = healthy), updated in place when a rank times out; None: internal.
+            num_experts: divisible by the number of ranks.
+        Returns:
+            recv_x: bf16 [num_local_experts, num_ranks * T, hidden], or (float8_e4m3fn data, fp32 scales
+                [num_local_experts, num_ranks * T, hidden // 128]) with use_fp8; the tokens of each local expert
+                are packed from row 0, source rank by source rank.
+            recv_count: int32 [num_local_experts].
+            handle: (src_info int32 [L, num_ranks * T], layout_range int64 [L, num_ranks] = begin << 32 | count,
+                T, hidden, num_experts).
+            event: EventOverlap; hook: a no-op callable when return_recv_hook, else None.
+        """
+        t = num_max_dispatch_tokens_per_rank
+        self._check_tokens(x, topk_idx, t, num_experts)
+        active = self._resolve_active(active_ranks)
+        hidden = x.shape[1]
+        self._connect(t, hidden, num_experts)
+        lay = self._layout
+        local = num_experts // self.world
+        self._dispatch_seq += 1
+        seq = self._dispatch_seq
+        deadline = self._deadline(timeout_us)
+        per_expert = layout.tokens_per_expert(topk_idx, num_experts)
+        writes: dict[int, list] = {}
+        for r in range(self.world):
+            if not active[r]:
+                continue
+            meta = self._view(lay.send_meta + r * lay.meta_per_source, torch.int32, (local, 1 + t))
+            items = []
+            for le in range(local):
+                idx = per_expert[r * local + le]
+                c = len(idx)
+                if c > t:
+                    raise ValueError(f"expert {r * local + le} gets {c} token slots, more than the capacity {t}")
+                meta[le, 0] = c
+                if c == 0:
+                    continue
+                meta[le, 1:1 + c] = idx
+                stage = lay.send_data + ((r * local + le) * t) * lay.row
+                self._store_rows(stage, x, idx, use_fp8)
+                items.append((stage, lay.dispatch_slot(seq, self.rank, le), c * lay.row))
+            items.append((lay.send_meta + r * lay.meta_per_source,
+                          lay.area(seq, "dispatch_meta") + self.rank * lay.meta_per_source, lay.meta_per_source))
+            writes[r] = items
+        self._send(writes, deadline)
+        flags = lay.area(seq, "dispatch_flags")
+        self._signal(flags, seq, [r for r in writes if active[r]], deadline)
+        self._wait(flags, seq, list(range(self.world)), deadline)
+        recv = self._collect(seq, local, t, hidden, use_fp8)
+        if active_ranks is not None and active_ranks is not self._active:
+            active_ranks.copy_(self._active)
+        hook = (lambda: None) if return_recv_hook else None
+        return recv[0], recv[1], recv[2] + (t, hidden, num_experts), EventOverlap(), hook
+
+    def _store_rows(self, offset: int, x: torch.Tensor, idx: torch.Tensor, use_fp8: bool) -> None:
+        """Gathers x[idx] into the staging rows at `offset` (bf16 rows, or fp8 data followed by its scales)."""
+        c, hidden = len(idx), x.shape[1]
+        if use_fp8:
+            data, scales = layout.quantize_fp8(x.index_select(0, idx))
+            packed = self._view(offset, torch.uint8, (c, self._layout.row))
+            packed[:, :hidden] = data.view(torch.uint8)
+            packed[:, hidden:hidden + 4 * (hidden // layout.FP8_BLOCK)] = scales.view(torch.uint8).view(c, -1)
+        else:
+            torch.index_select(x, 0, idx, out=self._view(offset, torch.bfloat16, (c, hidden)))
+
+    def _collect(self, seq: int, local: int, t: int, hidden: int, use_fp8: bool):
+        lay = self._layout
+        slots = self.world * t
+        # Rows past recv_count[le] are unspecified, as in DeepEP.
+        if use_fp8:
+            data = torch.empty(local, slots, hidden, dtype=torch.float8_e4m3fn)
+            scales = torch.empty(local, slots, hidden // layout.FP8_BLOCK, dtype=torch.float32)
+        else:
+            data = torch.empty(local, slots, hidden, dtype=torch.bfloat16)
+        src_info = torch.full((local, slots), -1, dtype=torch.int32)
+        ranges = torch.zeros(local, self.world, dtype=torch.int64)
+        count = torch.zeros(local, dtype=torch.int32)
+        for le in range(local):
+            begin = 0
+            for s in range(self.world):
+                if not self._active[s]:
+                    continue
+                meta = self._view(lay.area(seq, "dispatch_meta") + s * lay.meta_per_source, torch.int32,
+                                  (local, 1 + t))
+                c = int(meta[le, 0])
+                if c:
+                    rows = self._view(lay.dispatch_slot(seq, s, le), torch.uint8, (c, lay.row))
+                    if use_fp8:
+                        data[le, begin:begin + c] = rows[:, :hidden].view(torch.float8_e4m3fn)
+                        scales[le, begin:begin + c] = rows[:, hidden:hidden + 4 * (hidden // layout.FP8_BLOCK)] \
+                            .contiguous().view(torch.float32)
+                    else:
+                        data[le, begin:begin + c] = rows[:, :2 * hidden].contiguous().view(torch.bfloat16)
+                    src_info[le, begin:begin + c] = meta[le, 1:1 + c]
+                ranges[le, s] = (begin << 32) | c
+                begin += c
+            count[le] = begin
+        recv_x = (data, scales) if use_fp8 else data
+        return recv_x, count, (src_info, ranges)
+
+    # ------------------------------------------------------------------ combine
+
+    def combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, active_ranks,
+                timeout_us: int, handle, zero_copy: bool = False, async_finish: bool = False,
+                return_recv_hook: bool = False, out: torch.Tensor | None = None):
+        """Returns each token's expert outputs to its rank, weighted and summed.
+
+        Arguments:
+            x: bf16 [num_local_experts, num_ranks * T, hidden]: the experts' outputs for dispatch's recv_x rows.
+            topk_idx, topk_weights: the dispatch's routing; fp32 weights [num_tokens, num_topk].
+            handle: from dispatch.
+            out: optional bf16 [num_tokens, hidden] to write into.
+        Returns:
+            combined_x bf16 [num_tokens, hidden]; event; hook (as dispatch).
+        """
+        if zero_copy:
+            raise NotImplementedError("zero-copy combine is not supported (neither is it in Mooncake)")
+        src_info, ranges, t, hidden, num_experts = handle
+        if self._layout is None or self._shape != (t, hidden, num_experts):
+            raise ValueError("handle does not come from this Buffer's dispatch")
+        local = num_experts // self.world
+        if x.dtype != torch.bfloat16 or x.dim() != 3 or tuple(x.shape) != (local, self.world * t, hidden):
+            raise ValueError(f"x must be bf16 [{local}, {self.world * t}, {hidden}], got {x.dtype} {list(x.shape)}")
+        if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_idx.shape:
+            raise ValueError("topk_weights must be fp32 with the shape of topk_idx")
+        active = self._resolve_active(active_ranks)
+        lay = self._layout
+        self._combine_seq += 1
+        seq = self._combine_seq
+        deadline = self._deadline(timeout_us)
+        x = x.contiguous()
+        writes: dict[int, list] = {s: [] for s in range(self.world) if active[s]}
+        for le in range(local):
+            e = self.rank * local + le
+            for s in writes:
+                begin, c = layout.unpack_range(int(ranges[le, s]))
+                if c == 0:
+                    continue
+                stage = lay.send_combine + (le * self.world * t + begin) * lay.row
+                self._view(stage, torch.bfloat16, (c, hidden)).copy_(x[le, begin:begin + c])
+                writes[s].append((stage, lay.area(seq, "combine_data") + (e * t) * lay.row, c * lay.row))
+        self._send(writes, deadline)
+        flags = lay.area(seq, "combine_flags")
+        self._signal(flags, seq, [s for s in writes if active[s]], deadline)
+        per_expert = layout.tokens_per_expert(topk_idx, num_experts)
+        owners = sorted({e // local for e in range(num_experts) if len(per_expert[e])})
+        self._wait(flags, seq, owners, deadline)
+        weights = layout.slot_weights(topk_idx, topk_weights, num_experts)
+        acc = torch.zeros(topk_idx.shape[0], hidden, dtype=torch.float32)
+        for e, idx in enumerate(per_expert):
+            if len(idx) == 0 or not self._active[e // local]:
+                continue  # an inactive owner's experts contribute nothing
+            rows = self._view(lay.area(seq, "combine_data") + (e * t) * lay.row, torch.bfloat16, (len(idx), hidden))
+            acc.index_add_(0, idx, rows.float().mul_(weights[e].unsqueeze(1)))
+        if active_ranks is not None and active_ranks is not self._active:
+            active_ranks.copy_(self._active)
+        result = acc.to(torch.bfloat16)
+        if out is not None:
+            out.copy_(result)
+            result = out
+        hook = (lambda: None) if return_recv_hook else None
+        return result, EventOverlap(), hook
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_tokens(self, x, topk_idx, t, num_experts) -> None:
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
+            raise ValueError("x must be a contiguous bf16 tensor [num_tokens, hidden]")
+        if x.shape[1] % 128:
+            raise ValueError(f"hidden must be a multiple of 128, got {x.shape[1]}")
+        if x.shape[0] > t:
+            raise ValueError(f"{x.shape[0]} tokens exceed num_max_dispatch_tokens_per_rank={t}")
+        if topk_idx.dtype != torch.int64 or topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+            raise ValueError("topk_idx must be int64 [num_tokens, num_topk]")
+        if num_experts <= 0 or num_experts % self.world:
+            raise ValueError(f"num_experts ({num_experts}) must be a positive multiple of the {self.world} ranks")
+        if topk_idx.numel() and (int(topk_idx.max()) >= num_experts or int(topk_idx.min()) < -1):
+            raise ValueError(f"topk_idx entries must be -1 or in [0, {num_experts})")
