@@ -35,6 +35,7 @@ def test_wheel_contents():
     assert any(n.startswith("mooncake/_native.") and n.endswith(".so") for n in names)
     assert "mooncake/tools/cli.py" in names
     assert "mooncake/store/master/cli.py" in names
+    assert "mooncake/ep/buffer.py" in names
     assert "mooncake/store/proto/mooncake_master_pb2_grpc.py" in names
     assert not any(n.endswith("_test.py") for n in names)
     entry = zipfile.ZipFile(WHEEL[0]).read(
