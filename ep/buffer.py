@@ -68,6 +68,9 @@ class EventOverlap:
 class _Layout:
     """Byte offsets inside one rank's buffer (identical on every rank).
 
+    Dispatch area, per source rank: [counts int32[L] | token ids int32[L*T] | rows [L*T, row]], the rows of
+    local expert 0, then 1, ... packed, so a source fills a peer's area with a single write. Combine area, per
+    owner rank: the answers for the rows this rank sent to that owner, in the same packed order.
     Receive areas are double-buffered by call parity: a fast peer may start call k+1 (writing parity k+1)
     while this rank still reads call k; it cannot start k+2 before this rank's signal for k+1, which is sent
     only after call k returned.
@@ -75,9 +78,10 @@ class _Layout:
 
     def __init__(self, world: int, local_experts: int, tokens: int, hidden: int):
         self.world, self.local, self.tokens, self.hidden = world, local_experts, tokens, hidden
-        experts = world * local_experts
         self.row = 2 * hidden  # a bf16 row; an fp8 row (hidden + hidden/32 bytes) fits in it
-        self.meta_per_source = _align(4 * local_experts * (1 + tokens))  # counts[L] + token ids[L, T]
+        self.meta = _align(4 * local_experts * (1 + tokens))
+        self.region = self.meta + local_experts * tokens * self.row  # one source's dispatch area
+        self.answers = local_experts * tokens * self.row  # one owner's combine area
         off = 0
         self._recv = []
         for _ in range(2):
@@ -86,19 +90,15 @@ class _Layout:
             off += _align(8 * world)
             area["combine_flags"] = off
             off += _align(8 * world)
-            area["dispatch_meta"] = off
-            off += world * self.meta_per_source
-            area["dispatch_data"] = off  # [source, local expert, T, row]
-            off += world * local_experts * tokens * self.row
-            area["combine_data"] = off  # [global expert, T, row]: rows this rank sent to that expert, answered
-            off += experts * tokens * self.row
+            area["dispatch"] = off
+            off += world * self.region
+            area["combine"] = off
+            off += world * self.answers
             self._recv.append(area)
-        self.send_meta = off  # per target [meta_per_source]
-        off += world * self.meta_per_source
-        self.send_data = off  # per target, per local expert [T, row]
-        off += world * local_experts * tokens * self.row
-        self.send_combine = off  # [local expert, world * T, row]
-        off += local_experts * world * tokens * self.row
+        self.send_dispatch = off  # per target: a dispatch area as the target will hold it
+        off += world * self.region
+        self.send_combine = off  # per source: its answers
+        off += world * self.answers
         self.send_flag = off  # one int64 holding the current sequence number
         off += ALIGN
         self.size = off
@@ -106,8 +106,11 @@ class _Layout:
     def area(self, seq: int, name: str) -> int:
         return self._recv[seq % 2][name]
 
-    def dispatch_slot(self, seq: int, source: int, local_expert: int) -> int:
-        return self.area(seq, "dispatch_data") + ((source * self.local + local_expert) * self.tokens) * self.row
+    def dispatch_region(self, seq: int, source: int) -> int:
+        return self.area(seq, "dispatch") + source * self.region
+
+    def combine_region(self, seq: int, owner: int) -> int:
+        return self.area(seq, "combine") + owner * self.answers
 
 
 class Buffer:
@@ -308,23 +311,20 @@ class Buffer:
         for r in range(self.world):
             if not active[r]:
                 continue
-            meta = self._view(lay.send_meta + r * lay.meta_per_source, torch.int32, (local, 1 + t))
-            items = []
-            for le in range(local):
-                idx = per_expert[r * local + le]
-                c = len(idx)
-                if c > t:
-                    raise ValueError(f"expert {r * local + le} gets {c} token slots, more than the capacity {t}")
-                meta[le, 0] = c
-                if c == 0:
-                    continue
-                meta[le, 1:1 + c] = idx
-                stage = lay.send_data + ((r * local + le) * t) * lay.row
-                self._store_rows(stage, x, idx, use_fp8)
-                items.append((stage, lay.dispatch_slot(seq, self.rank, le), c * lay.row))
-            items.append((lay.send_meta + r * lay.meta_per_source,
-                          lay.area(seq, "dispatch_meta") + self.rank * lay.meta_per_source, lay.meta_per_source))
-            writes[r] = items
+            stage = lay.send_dispatch + r * lay.region
+            counts = self._view(stage, torch.int32, (local,))
+            ids = self._view(stage + 4 * local, torch.int32, (local * t,))
+            chosen = [per_expert[r * local + le] for le in range(local)]
+            for le, idx in enumerate(chosen):
+                if len(idx) > t:
+                    raise ValueError(f"expert {r * local + le} gets {len(idx)} token slots, more than the capacity {t}")
+                counts[le] = len(idx)
+            all_idx = torch.cat(chosen)
+            total = len(all_idx)
+            ids[:total] = all_idx
+            if total:
+                self._store_rows(stage + lay.meta, x, all_idx, use_fp8)
+            writes[r] = [(stage, lay.dispatch_region(seq, self.rank), lay.meta + total * lay.row)]
         self._send(writes, deadline)
         flags = lay.area(seq, "dispatch_flags")
         self._signal(flags, seq, [r for r in writes if active[r]], deadline)
@@ -357,27 +357,31 @@ class Buffer:
             data = torch.empty(local, slots, hidden, dtype=torch.bfloat16)
         src_info = torch.full((local, slots), -1, dtype=torch.int32)
         ranges = torch.zeros(local, self.world, dtype=torch.int64)
-        count = torch.zeros(local, dtype=torch.int32)
-        for le in range(local):
-            begin = 0
-            for s in range(self.world):
-                if not self._active[s]:
-                    continue
-                meta = self._view(lay.area(seq, "dispatch_meta") + s * lay.meta_per_source, torch.int32,
-                                  (local, 1 + t))
-                c = int(meta[le, 0])
+        begins = [0] * local
+        for s in range(self.world):
+            if not self._active[s]:
+                continue
+            region = lay.dispatch_region(seq, s)
+            counts = self._view(region, torch.int32, (local,)).tolist()
+            ids = self._view(region + 4 * local, torch.int32, (local * t,))
+            total = sum(counts)
+            rows = self._view(region + lay.meta, torch.uint8, (max(total, 1), lay.row))[:total]
+            offset = 0
+            for le, c in enumerate(counts):
+                b = begins[le]
                 if c:
-                    rows = self._view(lay.dispatch_slot(seq, s, le), torch.uint8, (c, lay.row))
+                    block = rows[offset:offset + c]
                     if use_fp8:
-                        data[le, begin:begin + c] = rows[:, :hidden].view(torch.float8_e4m3fn)
-                        scales[le, begin:begin + c] = rows[:, hidden:hidden + 4 * (hidden // layout.FP8_BLOCK)] \
+                        data[le, b:b + c] = block[:, :hidden].view(torch.float8_e4m3fn)
+                        scales[le, b:b + c] = block[:, hidden:hidden + 4 * (hidden // layout.FP8_BLOCK)] \
                             .contiguous().view(torch.float32)
                     else:
-                        data[le, begin:begin + c] = rows[:, :2 * hidden].contiguous().view(torch.bfloat16)
-                    src_info[le, begin:begin + c] = meta[le, 1:1 + c]
-                ranges[le, s] = (begin << 32) | c
-                begin += c
-            count[le] = begin
+                        data[le, b:b + c] = block.view(torch.bfloat16)
+                    src_info[le, b:b + c] = ids[offset:offset + c]
+                ranges[le, s] = (b << 32) | c
+                begins[le] += c
+                offset += c
+        count = torch.tensor(begins, dtype=torch.int32)
         recv_x = (data, scales) if use_fp8 else data
         return recv_x, count, (src_info, ranges)
 
@@ -412,16 +416,18 @@ class Buffer:
         seq = self._combine_seq
         deadline = self._deadline(timeout_us)
         x = x.contiguous()
-        writes: dict[int, list] = {s: [] for s in range(self.world) if active[s]}
-        for le in range(local):
-            e = self.rank * local + le
-            for s in writes:
+        writes: dict[int, list] = {}
+        for s in range(self.world):
+            if not active[s]:
+                continue
+            stage = lay.send_combine + s * lay.answers
+            offset = 0
+            for le in range(local):
                 begin, c = layout.unpack_range(int(ranges[le, s]))
-                if c == 0:
-                    continue
-                stage = lay.send_combine + (le * self.world * t + begin) * lay.row
-                self._view(stage, torch.bfloat16, (c, hidden)).copy_(x[le, begin:begin + c])
-                writes[s].append((stage, lay.area(seq, "combine_data") + (e * t) * lay.row, c * lay.row))
+                if c:
+                    self._view(stage + offset * lay.row, torch.bfloat16, (c, hidden)).copy_(x[le, begin:begin + c])
+                offset += c
+            writes[s] = [(stage, lay.combine_region(seq, self.rank), offset * lay.row)] if offset else []
         self._send(writes, deadline)
         flags = lay.area(seq, "combine_flags")
         self._signal(flags, seq, [s for s in writes if active[s]], deadline)
@@ -430,11 +436,18 @@ class Buffer:
         self._wait(flags, seq, owners, deadline)
         weights = layout.slot_weights(topk_idx, topk_weights, num_experts)
         acc = torch.zeros(topk_idx.shape[0], hidden, dtype=torch.float32)
-        for e, idx in enumerate(per_expert):
-            if len(idx) == 0 or not self._active[e // local]:
+        for r in owners:
+            if not self._active[r]:
                 continue  # an inactive owner's experts contribute nothing
-            rows = self._view(lay.area(seq, "combine_data") + (e * t) * lay.row, torch.bfloat16, (len(idx), hidden))
-            acc.index_add_(0, idx, rows.float().mul_(weights[e].unsqueeze(1)))
+            region = lay.combine_region(seq, r)
+            offset = 0
+            for le in range(local):
+                e = r * local + le
+                c = len(per_expert[e])
+                if c:
+                    rows = self._view(region + offset * lay.row, torch.bfloat16, (c, hidden))
+                    acc.index_add_(0, per_expert[e], rows.float().mul_(weights[e].unsqueeze(1)))
+                offset += c
         if active_ranks is not None and active_ranks is not self._active:
             active_ranks.copy_(self._active)
         result = acc.to(torch.bfloat16)
