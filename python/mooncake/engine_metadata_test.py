@@ -96,3 +96,26 @@ def test_etcd_endpoint_list_fails_over():
         bare = TransferEngine()  # Mooncake: a connection string without a scheme means etcd
         assert bare.initialize("127.0.0.1:32042", etcd.endpoint, "tcp", "") == 0
         bare.close()
+
+
+def test_restarted_http_metadata_server_is_repopulated():
+    """The HTTP server keeps keys in memory only; engines write theirs back after it restarts."""
+    from mooncake.http_metadata_server import HttpMetadataServer
+
+    first = HttpMetadataServer("127.0.0.1", 0).start()
+    port = first.port
+    os.environ["MC_METADATA_LEASE_TTL"] = str(TTL)
+    try:
+        engine = TransferEngine()
+        assert engine.initialize("127.0.0.1:32051", first.url, "tcp", "") == 0
+    finally:
+        del os.environ["MC_METADATA_LEASE_TTL"]
+    first.stop()
+    second = HttpMetadataServer("127.0.0.1", port).start()
+    try:
+        assert wait_until(lambda: second.store.get("mooncake/ram/127.0.0.1:32051") is not None and
+                          second.store.get("mooncake/rpc_meta/127.0.0.1:32051") is not None, TTL * 4 + 5)
+        engine.close()
+        assert second.store.keys() == []  # a clean exit still removes them
+    finally:
+        second.stop()

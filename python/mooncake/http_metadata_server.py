@@ -20,6 +20,7 @@ import argparse
 import http.server
 import logging
 import signal
+import socket
 import sys
 import threading
 import urllib.parse
@@ -134,7 +135,35 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class _Server(http.server.ThreadingHTTPServer):
+    """Tracks open connections so stopping the server also ends its keep-alive connections (clients then
+    reconnect to whatever serves the port next, as they would after a process restart)."""
+
     daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        self._connections: set = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def get_request(self):
+        conn, addr = super().get_request()
+        with self._connections_lock:
+            self._connections.add(conn)
+        return conn, addr
+
+    def shutdown_request(self, request) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        with self._connections_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def handle_error(self, request, client_address) -> None:  # a client that vanished mid-request
         _log.debug("request from %s failed", client_address, exc_info=True)
@@ -181,6 +210,7 @@ class HttpMetadataServer:
             self._thread.join()
             self._thread = None
         self._httpd.server_close()
+        self._httpd.close_connections()
 
     def __enter__(self) -> "HttpMetadataServer":
         return self.start()
