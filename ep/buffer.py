@@ -136,6 +136,7 @@ class Buffer:
         self._layout: _Layout | None = None
         self._base = 0
         self._mem: torch.Tensor | None = None  # the whole registered buffer as bytes
+        self._outputs: dict = {}  # (parity, fp8) -> reusable recv_x tensors
         self._peers: list[dict] = []
         self._active = torch.ones(self.world, dtype=torch.int32)
         self._dispatch_seq = 0
@@ -290,7 +291,8 @@ class Buffer:
         Returns:
             recv_x: bf16 [num_local_experts, num_ranks * T, hidden], or (float8_e4m3fn data, fp32 scales
                 [num_local_experts, num_ranks * T, hidden // 128]) with use_fp8; the tokens of each local expert
-                are packed from row 0, source rank by source rank.
+                are packed from row 0, source rank by source rank. Like DeepEP's low-latency buffers, recv_x is
+                double-buffered: it stays valid until the dispatch after next (clone it to keep it longer).
             recv_count: int32 [num_local_experts].
             handle: (src_info int32 [L, num_ranks * T], layout_range int64 [L, num_ranks] = begin << 32 | count,
                 T, hidden, num_experts).
@@ -349,12 +351,16 @@ class Buffer:
     def _collect(self, seq: int, local: int, t: int, hidden: int, use_fp8: bool):
         lay = self._layout
         slots = self.world * t
-        # Rows past recv_count[le] are unspecified, as in DeepEP.
-        if use_fp8:
-            data = torch.empty(local, slots, hidden, dtype=torch.float8_e4m3fn)
-            scales = torch.empty(local, slots, hidden // layout.FP8_BLOCK, dtype=torch.float32)
-        else:
-            data = torch.empty(local, slots, hidden, dtype=torch.bfloat16)
+        # Rows past recv_count[le] are unspecified, as in DeepEP. The output tensors are reused by call parity
+        # (fresh 100 MB allocations would cost more in page faults than the exchange itself).
+        key = (seq % 2, use_fp8)
+        if key not in self._outputs:
+            if use_fp8:
+                self._outputs[key] = (torch.empty(local, slots, hidden, dtype=torch.float8_e4m3fn),
+                                      torch.empty(local, slots, hidden // layout.FP8_BLOCK, dtype=torch.float32))
+            else:
+                self._outputs[key] = (torch.empty(local, slots, hidden, dtype=torch.bfloat16), None)
+        data, scales = self._outputs[key]
         src_info = torch.full((local, slots), -1, dtype=torch.int32)
         ranges = torch.zeros(local, self.world, dtype=torch.int64)
         begins = [0] * local
