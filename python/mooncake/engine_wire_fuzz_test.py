@@ -65,7 +65,6 @@ def test_raw_frames_round_trip_and_out_of_range_is_rejected(target):
         got = b""
         while len(got) < 4096:
             got += s.recv(4096 - len(got))
-        before = peer.digest(0, 4096)
         # Outside the registered buffer (and straddling its end): rejected, connection stays usable.
         for a, n in [(peer.buffer + (1 << 20), 16), (peer.buffer + (1 << 20) - 8, 16), (0x1000, 8)]:
             s.sendall(request(WRITE, 2, a, n) + b"\xff" * n)
