@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("rpc_address", str, d.rpc_address, "address the RPC server binds")
     flag("port", _port, d.port, "RPC port (0: ephemeral)")
     flag("rpc_port", _port, 0, "RPC port; 0 means use --port")
+    flag("fast_rpc_port", _ranged(int, -1, 65535), d.fast_rpc_port,
+         "port of the framed-protobuf RPC door store clients prefer (0: ephemeral, -1: off)")
     flag("max_threads", _positive_int, d.max_threads, "RPC worker threads")
     flag("rpc_thread_num", _ranged(int, 0), 0, "RPC worker threads; 0 means use --max_threads")
     flag("default_kv_lease_ttl", _duration("ms", "ms"), d.default_kv_lease_ttl_ms,
@@ -157,7 +159,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[MasterConfig, str]:
         _apply_config_file(parser, args.config_path)
         args = parser.parse_args(argv)
     cfg = MasterConfig(
-        rpc_address=args.rpc_address, port=args.rpc_port or args.port,
+        rpc_address=args.rpc_address, port=args.rpc_port or args.port, fast_rpc_port=args.fast_rpc_port,
         max_threads=args.rpc_thread_num or args.max_threads,
         default_kv_lease_ttl_ms=int(args.default_kv_lease_ttl),
         default_kv_soft_pin_ttl_ms=int(args.default_kv_soft_pin_ttl),

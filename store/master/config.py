@@ -21,6 +21,7 @@ class MasterConfig:
     # RPC
     rpc_address: str = "0.0.0.0"
     port: int = 50051
+    fast_rpc_port: int = 0  # framed-protobuf door (fast_rpc.py) on rpc_address: 0 ephemeral, -1 off
     max_threads: int = 16
     # Leases, pins, eviction
     default_kv_lease_ttl_ms: int = 10_000
@@ -63,6 +64,7 @@ class MasterConfig:
         for name in ("port", "metrics_port", "http_metadata_server_port"):
             v = getattr(self, name)
             check(0 <= v <= 65535, f"--{name} must be in [0, 65535], got {v}")
+        check(-1 <= self.fast_rpc_port <= 65535, f"--fast_rpc_port must be in [-1, 65535], got {self.fast_rpc_port}")
         check(self.max_threads >= 1, f"--max_threads must be >= 1, got {self.max_threads}")
         check(self.default_kv_lease_ttl_ms >= 0, f"--default_kv_lease_ttl must be >= 0, got {self.default_kv_lease_ttl_ms}")
         check(self.default_kv_soft_pin_ttl_ms > 0, "--default_kv_soft_pin_ttl must be > 0")

@@ -8,6 +8,11 @@ transport failures raise ``grpc.RpcError`` (the store client maps them to RPC_FA
 Segments mounted through ``mount`` are remembered, so the heartbeat (``start_heartbeat``) can re-mount them
 when the master answers NEED_REMOUNT (it expired this client, or it restarted).
 
+Fast path: ``use_fast_path()`` asks the master (GetServiceInfo) for its framed-protobuf port
+(fast_rpc.py) and then sends every call there (~3x lower latency than Python gRPC). A call whose connection
+cannot be opened goes over gRPC instead (nothing was sent); a call that failed after sending raises (it may
+have run) and the fast path is dropped until the heartbeat rediscovers it (e.g. after a master restart).
+
 Threading: a MasterClient may be shared by threads (gRPC channels are thread-safe); the heartbeat runs in
 its own daemon thread and stops with ``close``.
 """
@@ -21,6 +26,7 @@ import uuid
 import grpc
 
 from mooncake.store.master.config import GRPC_OPTIONS
+from mooncake.store.master.fast_rpc import FastRpcClient, FastRpcError
 from mooncake.store.proto import mooncake_master_pb2 as pb
 from mooncake.store.proto import mooncake_master_pb2_grpc as pb_grpc
 
@@ -55,6 +61,8 @@ class MasterClient:
         self._hb_thread: threading.Thread | None = None
         self.view_version = 0
         self.remounts = 0
+        self._fast: FastRpcClient | None = None
+        self._fast_wanted = False
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
@@ -68,7 +76,36 @@ class MasterClient:
             raise ValueError(f"unknown master RPC {method!r}") from None
         if "client_id" in req_type.DESCRIPTOR.fields_by_name and "client_id" not in fields:
             fields["client_id"] = self.client_id
-        return getattr(self.stub, method)(req_type(**fields), timeout=timeout or self.timeout)
+        request = req_type(**fields)
+        fast = self._fast
+        if fast is not None:
+            try:
+                return fast.call(method, request, timeout or self.timeout)
+            except FastRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                self._drop_fast(fast, e)
+                if e.sent:
+                    raise
+        return getattr(self.stub, method)(request, timeout=timeout or self.timeout)
+
+    def use_fast_path(self) -> bool:
+        """Switches to the master's framed-protobuf door if it has one; True when in use."""
+        self._fast_wanted = True
+        info = getattr(self.stub, "GetServiceInfo")(pb.ServiceInfoRequest(), timeout=min(self.timeout, 5.0))
+        if not info.fast_rpc_port:
+            return False
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        old, self._fast = self._fast, FastRpcClient(host, info.fast_rpc_port, self.timeout)
+        if old is not None:
+            old.close()
+        return True
+
+    def _drop_fast(self, fast: FastRpcClient, e: FastRpcError) -> None:
+        if self._fast is fast:
+            self._fast = None
+            fast.close()
+            _log.info("master fast RPC path unavailable (%s); using gRPC until it is rediscovered", e.details())
 
     # -- segments with remount memory -------------------------------------------------------------------------
     def mount(self, seg: pb.Segment) -> int:
@@ -86,6 +123,8 @@ class MasterClient:
     def ping_once(self) -> pb.PingReply:
         """One ping; on NEED_REMOUNT re-mounts the remembered segments (ReMountSegment)."""
         reply = self.call("Ping", timeout=min(self.timeout, 5.0))
+        if self._fast_wanted and (self._fast is None or reply.view_version != self.view_version):
+            self.use_fast_path()  # first ping after a master restart, or after the fast door failed
         self.view_version = reply.view_version
         if reply.client_status == pb.CLIENT_STATUS_NEED_REMOUNT:
             with self._seg_lock:
@@ -116,6 +155,9 @@ class MasterClient:
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
             self._hb_thread = None
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
         self._channel.close()
 
     def __enter__(self) -> "MasterClient":

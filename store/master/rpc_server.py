@@ -21,6 +21,7 @@ import mooncake
 from mooncake.store.master.admin_http import AdminHttpServer
 from mooncake.store.master.config import GRPC_OPTIONS, MAX_KEY_BYTES, MasterConfig
 from mooncake.store.master.errors import ErrorCode
+from mooncake.store.master.fast_rpc import FastRpcServer
 from mooncake.store.master.objects import PutConfig, ReplicaStatus
 from mooncake.store.master.segments import Replica
 from mooncake.store.master.service import MasterService, SegmentSpec
@@ -97,6 +98,7 @@ def _rpc(method):
 class MasterServicer(pb_grpc.MasterServiceServicer):
     def __init__(self, service: MasterService) -> None:
         self.svc = service
+        self.fast_rpc_port = 0  # set by MasterServer once the fast door is open
         self._children: dict[str, object] = {}
 
     def _latency(self, name: str):
@@ -131,7 +133,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.ServiceInfoReply(code=0, version=mooncake.__version__, view_version=self.svc.view_version,
                                    default_kv_lease_ttl_ms=c.default_kv_lease_ttl_ms,
                                    client_ttl_sec=c.client_ttl_sec, cluster_id=c.cluster_id,
-                                   max_key_bytes=MAX_KEY_BYTES)
+                                   max_key_bytes=MAX_KEY_BYTES, fast_rpc_port=self.fast_rpc_port)
 
     # -- writes ----------------------------------------------------------------------------------------------
     @_rpc
@@ -299,6 +301,7 @@ class MasterServer:
         self.config = config or MasterConfig()
         self.service = service or MasterService(self.config)
         self._grpc: grpc.Server | None = None
+        self._fast: FastRpcServer | None = None
         self._admin: AdminHttpServer | None = None
         self._metadata = None
         self.port = 0
@@ -322,7 +325,8 @@ class MasterServer:
             # so_reuseport off: a second master on the same port must fail, not silently share it.
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=c.max_threads, thread_name_prefix="master-rpc"),
                                  options=GRPC_OPTIONS + [("grpc.so_reuseport", 0)])
-            pb_grpc.add_MasterServiceServicer_to_server(MasterServicer(self.service), server)
+            servicer = MasterServicer(self.service)
+            pb_grpc.add_MasterServiceServicer_to_server(servicer, server)
             try:
                 port = server.add_insecure_port(_host_port(c.rpc_address, c.port))
             except RuntimeError as e:
@@ -330,6 +334,9 @@ class MasterServer:
             if port == 0:
                 raise OSError(f"cannot bind the RPC port {_host_port(c.rpc_address, c.port)}")
             self.port = port
+            if c.fast_rpc_port >= 0:
+                self._fast = FastRpcServer(servicer, c.rpc_address, c.fast_rpc_port).start()
+                servicer.fast_rpc_port = self._fast.port
             if c.enable_metric_reporting:
                 self._admin = AdminHttpServer(self.service, c.metrics_host, c.metrics_port).start()
             if c.enable_http_metadata_server:
@@ -348,6 +355,9 @@ class MasterServer:
 
     def stop(self, grace: float = 1.0) -> None:
         """Idempotent; stops accepting RPCs, lets running ones finish for `grace` s, stops the helpers."""
+        if self._fast is not None:
+            self._fast.stop()
+            self._fast = None
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
             self._grpc = None

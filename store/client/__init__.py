@@ -1,0 +1,3 @@
+"""The store client: ``config`` (ReplicateConfig, setup options, sizes), ``memory`` (staging pool, registered
+ranges), ``core`` (lifecycle, master RPCs, descriptor cache, data path), ``store`` (MooncakeDistributedStore),
+``tensor`` (tensor header and tensor API), ``async_store`` (asyncio wrapper), ``service`` (mooncake_client)."""

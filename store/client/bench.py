@@ -1,0 +1,213 @@
+"""Store client benchmark against Redis, measured in one run and interleaved (same machine, same moment).
+
+  bazel run //store/client:store_bench -- [--iters 200] [--sizes 4K,64K,1M,16M] [--json out.json]
+
+Setup: a real ``mooncake_master``, a store client process B holding a large segment (the "remote" data),
+this process as client A (its own segment is the "local" data), and a Debian ``redis-server`` reached with
+redis-py. For every value size, each iteration runs, back to back: store put, Redis SET, store get, Redis
+GET (so drift hits both equally). Reported per size and placement (remote: replica in B's segment; local:
+replica in A's own segment): put/get p50/p99 latency and throughput (bytes / mean latency), the ratio to
+Redis, the first ("cold") get after a put, batch put/get of 64 x 64 KiB (Redis: pipelined MSET/MGET),
+single-thread 4 KiB get/put ops/s for --seconds, and local-segment get_into vs a single-core memcpy
+(numpy copyto) of the same size into the same registered buffer.
+
+Gets cycle over a few keys, so after the first get of a key its descriptors come from the client's lease
+cache (see store/client/core.py); "cold get" is the get that pays the master round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake.store.client.config import parse_size
+from mooncake.store.client.testing import StoreWorker
+from mooncake.store.master.testing import MasterProcess
+
+KiB, MiB = 1 << 10, 1 << 20
+GET_KEYS = 4
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def _timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def _summary(lat: list[float], size: int) -> dict:
+    mean = statistics.fmean(lat)
+    return {"p50_us": _pct(lat, 50) * 1e6, "p99_us": _pct(lat, 99) * 1e6, "MBps": size / mean / 1e6}
+
+
+def bench_size(store, r, size: int, iters: int, where: str, cfg: ReplicateConfig) -> dict:
+    value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    lat = {k: [] for k in ("put", "set", "get", "rget", "cold")}
+    for k in range(GET_KEYS):
+        assert store.put(f"g{where}{size}-{k}", value, cfg) == 0
+        r.set(f"g{where}{size}-{k}", value)
+    for i in range(iters):
+        key = f"p{where}{size}-{i}"
+        lat["put"].append(_timed(store.put, key, value, cfg))
+        lat["set"].append(_timed(r.set, key, value))
+        if i < min(iters, 50):
+            lat["cold"].append(_timed(store.get, key))
+        gk = f"g{where}{size}-{i % GET_KEYS}"
+        t = time.perf_counter()
+        got = store.get(gk)
+        lat["get"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        rgot = r.get(gk)
+        lat["rget"].append(time.perf_counter() - t)
+        if i == 0:
+            assert got == value and rgot == value, "data mismatch"
+        if (i + 1) * size >= 128 * MiB or i == iters - 1:  # bounded memory: drop the put keys as we go
+            store.remove_by_regex(f"^p{where}{size}-", force=True)
+            r.flushdb()
+            for k in range(GET_KEYS):
+                r.set(f"g{where}{size}-{k}", value)
+    store.remove_by_regex(f"^g{where}{size}-", force=True)
+    out = {"size": size, "where": where}
+    for name, key in (("put", "put"), ("redis_set", "set"), ("get", "get"), ("redis_get", "rget"),
+                      ("cold_get", "cold")):
+        out[name] = _summary(lat[key], size)
+    out["put_vs_redis"] = out["put"]["MBps"] / out["redis_set"]["MBps"]
+    out["get_vs_redis"] = out["get"]["MBps"] / out["redis_get"]["MBps"]
+    out["get_p50_vs_redis"] = out["get"]["p50_us"] / out["redis_get"]["p50_us"]
+    return out
+
+
+def bench_batch(store, r, cfg, iters: int) -> dict:
+    n, size = 64, 64 * KiB
+    vals = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8).tobytes() for i in range(n)]
+    lat = {k: [] for k in ("put", "mset", "get", "mget")}
+    for i in range(max(3, iters // 10)):
+        keys = [f"b{i}-{j}" for j in range(n)]
+        lat["put"].append(_timed(store.put_batch, keys, vals, cfg))
+        lat["mset"].append(_timed(r.mset, dict(zip(keys, vals))))
+        lat["get"].append(_timed(store.get_batch, keys))
+        lat["mget"].append(_timed(r.mget, keys))
+        store.remove_by_regex("^b", force=True)
+        r.flushdb()
+    return {k: _summary(v, n * size) for k, v in lat.items()}
+
+
+def bench_ops(store, r, cfg, seconds: float) -> dict:
+    value = b"x" * (4 * KiB)
+    store.put("ops", value, cfg)
+    r.set("ops", value)
+    out = {}
+    for name, fn in (("store_get", lambda i: store.get("ops")), ("redis_get", lambda i: r.get("ops")),
+                     ("store_put", lambda i: store.put(f"o{i}", value, cfg)),
+                     ("redis_set", lambda i: r.set(f"o{i}", value))):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            fn(n)
+            n += 1
+        out[name] = n / (time.perf_counter() - t0)
+    store.remove_all(force=True)
+    r.flushdb()
+    return out
+
+
+def bench_get_into(store, size: int, iters: int) -> dict:
+    buf = np.zeros(2 * size, dtype=np.uint8)
+    assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+    src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+    buf[:size] = src
+    cfg = ReplicateConfig(preferred_segments=[store.get_hostname()])
+    assert store.put_from("gi", buf.ctypes.data, size, cfg) == 0
+    dst = buf[size:]
+    gi, mc = [], []
+    for _ in range(iters):
+        gi.append(_timed(store.get_into, "gi", dst.ctypes.data, size))
+        mc.append(_timed(np.copyto, dst, src))
+    assert (dst == src).all()
+    store.remove("gi", force=True)
+    store.unregister_buffer(buf.ctypes.data)
+    gi_bw, mc_bw = size / statistics.median(gi) / 1e9, size / statistics.median(mc) / 1e9
+    return {"size": size, "get_into_GBps": gi_bw, "memcpy_GBps": mc_bw, "ratio": gi_bw / mc_bw}
+
+
+def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB", local_segment: str = "1GB") -> dict:
+    """Segments must hold what the run puts while read leases (10 s) keep removed buffers held."""
+    import redis
+
+    from mooncake.testing.services import Redis
+
+    master = MasterProcess("--eviction_high_watermark_ratio=1.0")
+    srv = Redis()
+    remote = StoreWorker(master.address, segment=remote_segment, buffer="16MB")
+    store = MooncakeDistributedStore()
+    try:
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", local_segment, "64MB", "tcp", "", master.address) == 0
+        r = redis.Redis(host="127.0.0.1", port=srv.port)
+        remote_cfg = ReplicateConfig(preferred_segments=[remote.hostname])
+        local_cfg = ReplicateConfig(preferred_segments=[store.get_hostname()])
+        out = {"sizes": [], "iters": iters}
+        for size in sizes:
+            n = max(5, min(iters, (256 * MiB) // size))
+            out["sizes"].append(bench_size(store, r, size, n, "remote", remote_cfg))
+            out["sizes"].append(bench_size(store, r, size, n, "local", local_cfg))
+        out["batch_64x64KiB_remote"] = bench_batch(store, r, remote_cfg, iters)
+        out["ops_4KiB_remote"] = bench_ops(store, r, remote_cfg, seconds)
+        out["get_into_local"] = [bench_get_into(store, s, max(5, min(iters, 64))) for s in (MiB, 16 * MiB)]
+        return out
+    finally:
+        store.close()
+        remote.stop()
+        srv.close()
+        master.stop()
+
+
+def report(out: dict) -> str:
+    lines = [f"{'size':>6} {'where':6} | {'put p50/p99 us':>17} {'SET p50/p99':>17} {'x thr':>5} | "
+             f"{'get p50/p99 us':>17} {'GET p50/p99':>17} {'x thr':>5} {'p50 x':>5} | cold get p50"]
+    for s in out["sizes"]:
+        def f(d):
+            return f"{d['p50_us']:8.0f}/{d['p99_us']:<8.0f}"
+        size = f"{s['size'] // KiB}K" if s["size"] < MiB else f"{s['size'] // MiB}M"
+        lines.append(f"{size:>6} {s['where']:6} | {f(s['put'])} {f(s['redis_set'])} {s['put_vs_redis']:5.2f} | "
+                     f"{f(s['get'])} {f(s['redis_get'])} {s['get_vs_redis']:5.2f} {s['get_p50_vs_redis']:5.2f} | "
+                     f"{s['cold_get']['p50_us']:.0f} us")
+    b = out["batch_64x64KiB_remote"]
+    lines.append("batch 64 x 64 KiB (remote), p50 ms: put_batch %.2f  MSET %.2f  get_batch %.2f  MGET %.2f" % (
+        b["put"]["p50_us"] / 1e3, b["mset"]["p50_us"] / 1e3, b["get"]["p50_us"] / 1e3, b["mget"]["p50_us"] / 1e3))
+    o = out["ops_4KiB_remote"]
+    lines.append("single thread 4 KiB ops/s: store get %.0f  Redis GET %.0f  store put %.0f  Redis SET %.0f" % (
+        o["store_get"], o["redis_get"], o["store_put"], o["redis_set"]))
+    for g in out["get_into_local"]:
+        lines.append("local get_into %d MiB: %.2f GB/s vs memcpy %.2f GB/s = %.2fx" % (
+            g["size"] // MiB, g["get_into_GBps"], g["memcpy_GBps"], g["ratio"]))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--sizes", default="4K,64K,1M,16M")
+    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+    out = run(args.iters, [parse_size(s) for s in args.sizes.split(",")], args.seconds)
+    print(report(out))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

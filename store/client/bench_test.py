@@ -1,0 +1,12 @@
+"""Smoke run of the store-vs-Redis benchmark (tiny iteration counts): every section runs and reports."""
+
+from mooncake.store.client import bench
+
+
+def test_bench_smoke():
+    out = bench.run(iters=5, sizes=[4096, 1 << 20], seconds=0.2, remote_segment="256MB", local_segment="128MB")
+    assert [(s["size"], s["where"]) for s in out["sizes"]] == [(4096, "remote"), (4096, "local"),
+                                                               (1 << 20, "remote"), (1 << 20, "local")]
+    assert out["ops_4KiB_remote"]["store_get"] > 0 and out["get_into_local"][0]["ratio"] > 0
+    text = bench.report(out)
+    assert "Redis GET" in text and "memcpy" in text

@@ -1,0 +1,652 @@
+"""The store client's core: lifecycle (setup/close/health), master RPCs, the replica descriptor cache and the
+data path (puts and gets of byte regions). The public API classes (store.py, tensor.py) build on it.
+
+Data path. A put is BatchPutStart (the master allocates one contiguous buffer per replica, PROCESSING) ->
+the client writes its source regions into every replica -> BatchPutEnd (COMPLETE, readable); a key whose
+write failed is BatchPutRevoke'd, so nothing half-written is ever readable. A get looks the key up
+(descriptor cache or BatchGetReplicaList, which grants a read lease), reads one COMPLETE replica (this
+process's own segment first: a plain memcpy; otherwise one Transfer Engine transfer per segment and batch,
+which is itself a memcpy for a same-host peer's memfd segment) and fails with LEASE_EXPIRED (-707) if the
+lease ran out before the read finished.
+
+Local memory rule: the Transfer Engine only moves data from/to registered memory. Regions that are not
+registered (Python bytes, unregistered arrays) are staged through the registered staging pool for small
+values, or registered for the duration of the transfer (zero copy) for values of ZERO_COPY_MIN bytes and
+more or when the pool is full. A replica in this client's own segment never needs registration (memcpy).
+
+Descriptor cache rule (why repeated gets skip the master): after GetReplicaList the client keeps the key's
+replica descriptors until ``t_request + lease_ttl * (1 - CACHE_MARGIN)``, where t_request is taken *before*
+the RPC was sent (so the local deadline is never later than the master's). While the lease lives the master
+neither evicts nor (non-force) removes the object, so its buffers hold this value. Exceptions, documented
+for users: a ``force`` remove or ``remove_all(force=True)`` by another client, an ``upsert`` by another
+client (readers may see the new value), and a master restart (detected within one heartbeat, then the
+cache is dropped). This client's own remove/upsert/remove_* drop the affected entries at once; a failed
+read through a cached entry drops it and retries once with a fresh lookup. Cache hits do not extend leases.
+
+Threading: every public method may be called from several threads once ``setup`` returned.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import grpc
+
+from mooncake.store.client.config import ReplicateConfig, SetupConfig
+from mooncake.store.client.memory import RegisteredRanges, StagingPool
+from mooncake.store.master.errors import ErrorCode, code_name
+from mooncake.store.master.master_client import MasterClient, segment as make_segment
+from mooncake.store.proto import mooncake_master_pb2 as pb
+
+_log = logging.getLogger("mooncake.store.client")
+
+OK = 0
+NOT_READY = int(ErrorCode.INTERNAL_ERROR)  # what calls before setup / after close return
+ZERO_COPY_MIN = 2 << 20  # registering costs ~100 µs per buffer here: below this a staging copy is cheaper
+CACHE_MARGIN = 0.25
+CACHE_MAX_ENTRIES = 1 << 16
+MAX_KEY_BYTES = 4096
+_ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype = ctypes.py_object
+_new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_BYTES_DATA = bytes.__basicsize__ - 1  # offset of ob_sval in a CPython bytes object
+
+
+def new_bytes(size: int) -> tuple[bytes, int]:
+    """An uninitialised bytes object of `size` bytes and the address of its data (fill it before use)."""
+    b = _new_bytes(None, size)
+    return b, id(b) + _BYTES_DATA
+
+
+def key_error(key) -> str | None:
+    """Why `key` is not a valid key, or None."""
+    if not isinstance(key, str):
+        return f"key must be a str, got {type(key).__name__}"
+    if not key:
+        return "key must not be empty"
+    if len(key.encode()) > MAX_KEY_BYTES:
+        return f"key longer than {MAX_KEY_BYTES} bytes"
+    return None
+
+
+class _Entry:
+    __slots__ = ("size", "replicas", "expiry")
+
+    def __init__(self, size: int, replicas, expiry: float) -> None:
+        self.size = size
+        self.replicas = replicas
+        self.expiry = expiry
+
+
+class StoreCore:
+    def __init__(self) -> None:
+        self._cfg: SetupConfig | None = None
+        self._engine = None
+        self._master: MasterClient | None = None
+        self._segment_name = ""
+        self._segment_id = ""
+        self._global = (0, 0)
+        self._local = (0, 0)
+        self._staging = StagingPool(0, 0)
+        self._ranges = RegisteredRanges()
+        self._cache: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._view = 0
+        self._tasks = None
+        self._disk = None  # ssd.DiskTier when enable_ssd_offload
+        self._state_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def setup(self, *args, **kwargs) -> int:
+        """Positional or dict form (reference §2.2). 0, or a negative code with the reason logged."""
+        with self._state_lock:
+            if self._cfg is not None:
+                _log.error("setup: this store is already set up; call close() first")
+                return int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
+            try:
+                cfg = SetupConfig.from_args(args, kwargs)
+            except (ValueError, TypeError) as e:
+                _log.error("setup: %s", e)
+                return int(ErrorCode.INVALID_PARAMS)
+            code = self._setup_locked(cfg)
+            if code != OK:
+                self._teardown_locked(unmount=True)
+            return code
+
+    def _setup_locked(self, cfg: SetupConfig) -> int:
+        from mooncake.engine import TransferEngine  # the native module is needed only once a store is set up
+
+        self._master = MasterClient(cfg.master_server_addr, timeout=float(os.environ.get("MC_RPC_TIMEOUT_MS",
+                                                                                         30000)) / 1000)
+        connect_s = float(os.environ.get("MC_RPC_CONNECT_TIMEOUT_MS", 5000)) / 1000
+        try:
+            self._master.wait_ready(timeout=connect_s)
+            self._view = self._master.call("GetServiceInfo").view_version
+            if os.environ.get("MC_STORE_FAST_RPC", "1") != "0":
+                self._master.use_fast_path()
+        except (grpc.FutureTimeoutError, grpc.RpcError) as e:
+            _log.error("setup: master %s unreachable within %.1f s (%s)", cfg.master_server_addr, connect_s,
+                       type(e).__name__)
+            return int(ErrorCode.RPC_FAIL)
+        self._master.view_version = self._view
+        engine = TransferEngine()
+        self._engine = engine
+        hostname = _hostname_with_port(cfg.local_hostname, cfg.metadata_server)
+        if engine.initialize(hostname, cfg.metadata_server, cfg.protocol, cfg.rdma_devices) != 0:
+            _log.error("setup: Transfer Engine initialisation failed (hostname %r, metadata %r, protocol %r)",
+                       hostname, cfg.metadata_server, cfg.protocol)
+            return int(ErrorCode.INTERNAL_ERROR)
+        self._segment_name = engine.get_local_segment_name()
+        for attr, size in (("_global", cfg.global_segment_size), ("_local", cfg.local_buffer_size)):
+            if size:
+                addr = engine.allocate_managed_buffer(size)
+                if not addr:
+                    _log.error("setup: cannot allocate %d bytes of %s memory", size, attr[1:])
+                    return int(ErrorCode.INTERNAL_ERROR)
+                if os.environ.get("MC_STORE_PREFAULT", "1") != "0":
+                    ctypes.memset(addr, 0, size)  # commit the pages now, not on the first put (like RDMA pinning)
+                setattr(self, attr, (addr, size))
+                self._ranges.add(addr, size)
+        self._staging = StagingPool(*self._local)
+        if cfg.enable_ssd_offload:
+            from mooncake.store.client.config import parse_size
+            from mooncake.store.client.ssd import DiskTier
+            try:
+                self._disk = DiskTier(cfg.ssd_offload_path, parse_size(os.environ.get("MC_STORE_SSD_CAPACITY", 0)))
+            except (OSError, ValueError) as e:
+                _log.error("setup: SSD tier at %r unusable: %s", cfg.ssd_offload_path, e)
+                return int(ErrorCode.INVALID_PARAMS)
+        if self._global[1]:
+            self._segment_id = uuid.uuid4().hex
+            seg = make_segment(self._segment_id, self._segment_name, self._global[0], self._global[1],
+                               self._segment_name, cfg.protocol)
+            try:
+                code = self._master.mount(seg)
+            except grpc.RpcError as e:
+                code = _rpc_code(e)
+            if code != OK:
+                _log.error("setup: mounting the global segment failed: %s", code_name(code))
+                self._segment_id = ""
+                return code
+        else:
+            self._rpc("ReMountSegment", segments=[])  # register as an alive client without memory
+        self._master.start_heartbeat(float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", 1.0)))
+        if self._global[1]:
+            from mooncake.store.client.tasks import TaskRunner
+            self._tasks = TaskRunner(self)
+        self._cfg = cfg
+        return OK
+
+    def close(self) -> int:
+        """Unmounts this client's segment (objects stored only there disappear), stops everything. Idempotent."""
+        with self._state_lock:
+            self._teardown_locked(unmount=True)
+        return OK
+
+    def _teardown_locked(self, unmount: bool) -> None:
+        self._cfg = None
+        if self._tasks is not None:
+            self._tasks.close()
+            self._tasks = None
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
+        if self._master is not None:
+            if unmount and self._segment_id:
+                try:
+                    self._master.unmount(self._segment_id)
+                except grpc.RpcError as e:
+                    _log.warning("close: unmount failed (%s); the master expires this client", e.code())
+            self._master.close()
+            self._master = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        self._segment_id = ""
+        self._global = self._local = (0, 0)
+        self._staging = StagingPool(0, 0)
+        self._ranges.clear()
+        self.cache_clear()
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 master unreachable."""
+        master = self._master
+        if self._cfg is None or master is None:
+            return 1
+        try:
+            master.call("Ping", timeout=2.0)
+            return 0
+        except grpc.RpcError:
+            return 2
+
+    def get_hostname(self) -> str:
+        return self._segment_name if self._cfg is not None else ""
+
+    def _ready(self, op: str) -> bool:
+        if self._cfg is None:
+            _log.error("%s: the store is not set up (call setup() first) or was closed", op)
+            return False
+        return True
+
+    # -- master RPCs -------------------------------------------------------------------------------------------
+    def _rpc(self, method: str, **fields):
+        """The reply, or a negative int (RPC_FAIL / RPC_TIMEOUT) when the RPC itself failed."""
+        master = self._master
+        if master is None:
+            return NOT_READY
+        try:
+            return master.call(method, **fields)
+        except grpc.RpcError as e:
+            code = _rpc_code(e)
+            _log.warning("%s: master RPC failed: %s (%s)", method, code_name(code), e.code())
+            return code
+
+    # -- descriptor cache --------------------------------------------------------------------------------------
+    def cache_clear(self) -> None:
+        with self._cache_lock:
+            self._cache.clear()
+
+    def _cache_drop(self, keys) -> None:
+        with self._cache_lock:
+            for k in keys:
+                self._cache.pop(k, None)
+
+    def _lookup(self, keys: list[str]) -> list:
+        """Per key an _Entry (readable; lease deadline in .expiry) or a negative code."""
+        master = self._master
+        if master is not None and master.view_version != self._view:
+            self._view = master.view_version
+            self.cache_clear()
+            _log.info("master restarted (new view): descriptor cache dropped")
+        now = time.monotonic()
+        out: list = [None] * len(keys)
+        missing = []
+        with self._cache_lock:
+            for i, k in enumerate(keys):
+                e = self._cache.get(k)
+                if e is not None and now < e.expiry:
+                    out[i] = e
+                else:
+                    missing.append(i)
+        if not missing:
+            return out
+        t0 = time.monotonic()
+        reply = self._rpc("BatchGetReplicaList", keys=[keys[i] for i in missing])
+        if isinstance(reply, int):
+            for i in missing:
+                out[i] = reply
+            return out
+        fresh = []
+        for i, r in zip(missing, reply.results):
+            if r.code != OK:
+                out[i] = r.code
+                continue
+            ttl = r.lease_ttl_ms / 1000.0
+            e = _Entry(r.size, list(r.replicas), t0 + ttl)
+            out[i] = e
+            fresh.append((keys[i], _Entry(r.size, e.replicas, t0 + ttl * (1 - CACHE_MARGIN))))
+        with self._cache_lock:
+            for k, e in fresh:
+                self._cache[k] = e
+                self._cache.move_to_end(k)
+            while len(self._cache) > CACHE_MAX_ENTRIES:
+                self._cache.popitem(last=False)
+        return out
+
+    # -- data movement -----------------------------------------------------------------------------------------
+    def _transfer(self, ops: list, write: bool) -> set:
+        """ops: (segment, local_addr, remote_addr, length, tag). Runs them (own segment: memcpy; others: one
+        Transfer Engine batch per segment); returns the tags of failed ops."""
+        failed = set()
+        by_seg: dict[str, list] = {}
+        for op in ops:
+            if op[3] == 0:
+                continue
+            if op[0] == self._segment_name:
+                if write:
+                    ctypes.memmove(op[2], op[1], op[3])
+                else:
+                    ctypes.memmove(op[1], op[2], op[3])
+            else:
+                by_seg.setdefault(op[0], []).append(op)
+        engine = self._engine
+        for seg, seg_ops in by_seg.items():
+            locals_ = [o[1] for o in seg_ops]
+            remotes = [o[2] for o in seg_ops]
+            lengths = [o[3] for o in seg_ops]
+            if engine is None:
+                rc = NOT_READY
+            elif write:
+                rc = engine.batch_transfer_sync_write(seg, locals_, remotes, lengths)
+            else:
+                rc = engine.batch_transfer_sync_read(seg, locals_, remotes, lengths)
+            if rc != 0:
+                _log.warning("transfer %s segment %s failed (rc %d, %d op(s))", "to" if write else "from", seg, rc,
+                             len(seg_ops))
+                failed.update(o[4] for o in seg_ops)
+        return failed
+
+    def _pin(self, regions: list, registered: bool, needs_te: bool, write_out: bool):
+        """Makes `regions` usable as Transfer Engine local buffers. Returns (regions', release) where release()
+        copies staged data back (for reads, write_out=True) and frees the staging / registration; or None."""
+        total = sum(n for _, n in regions)
+        if registered or not needs_te or total == 0:
+            return regions, _noop
+        engine = self._engine
+        if total < ZERO_COPY_MIN:
+            addr = self._staging.alloc(total)
+            if addr is not None:
+                staging = self._staging
+                if not write_out:
+                    _gather(addr, regions)
+                    return [(addr, total)], lambda: staging.free(addr)
+
+                def release() -> None:
+                    _scatter(addr, regions)
+                    staging.free(addr)
+                return [(addr, total)], release
+        done = []
+        for a, n in regions:
+            if n and engine.register_memory(a, n) != 0:
+                for d in done:
+                    engine.unregister_memory(d)
+                return None
+            if n:
+                done.append(a)
+        return regions, lambda: [engine.unregister_memory(d) for d in done]
+
+    def put_many(self, keys: list[str], sources: list, registered: bool, config: ReplicateConfig | None,
+                 upsert: bool = False) -> list[int]:
+        """Writes object keys[i] = concatenation of sources[i] (list of (addr, len)). Per-key 0 / negative.
+        An existing key is left unchanged and reported 0 (put); upsert overwrites."""
+        config = config if config is not None else ReplicateConfig()
+        code = config.validate()
+        if code != OK:
+            _log.error("put: invalid ReplicateConfig %s", config)
+            return [code] * len(keys)
+        sizes = [sum(n for _, n in src) for src in sources]
+        results = [OK] * len(keys)
+        todo = []
+        for i, (k, size) in enumerate(zip(keys, sizes)):
+            why = key_error(k) or (None if size > 0 else "value must not be empty")
+            if why:
+                _log.error("put: %s", why)
+                results[i] = int(ErrorCode.INVALID_PARAMS)
+            else:
+                todo.append(i)
+        if not todo:
+            return results
+        if upsert:
+            self._cache_drop(keys[i] for i in todo)
+        prefix = "BatchUpsert" if upsert else "BatchPut"
+        reply = self._rpc(prefix + "Start", keys=[keys[i] for i in todo], sizes=[sizes[i] for i in todo],
+                          config=config.to_proto(self._segment_name))
+        if isinstance(reply, int):
+            for i in todo:
+                results[i] = reply
+            return results
+        ops, releases, started = [], [], []
+        for i, r in zip(todo, reply.results):
+            if r.code == _ALREADY:
+                continue
+            if r.code != OK or not r.replicas:
+                results[i] = r.code if r.code != OK else int(ErrorCode.NO_AVAILABLE_HANDLE)
+                if r.code == ErrorCode.NO_AVAILABLE_HANDLE:
+                    _log.warning("put %r: no space for %d bytes", keys[i], sizes[i])
+                continue
+            started.append(i)
+            needs_te = any(rep.segment_name != self._segment_name for rep in r.replicas)
+            pinned = self._pin(sources[i], registered, needs_te, write_out=False)
+            if pinned is None:
+                results[i] = int(ErrorCode.TRANSFER_FAIL)
+                continue
+            regions, release = pinned
+            releases.append(release)
+            for rep in r.replicas:
+                off = 0
+                for a, n in regions:
+                    ops.append((rep.segment_name, a, rep.address + off, n, i))
+                    off += n
+        try:
+            failed = self._transfer(ops, write=True)
+        finally:
+            for release in releases:
+                release()
+        for i in failed:
+            results[i] = int(ErrorCode.TRANSFER_FAIL)
+        good = [keys[i] for i in started if results[i] == OK]
+        bad = [keys[i] for i in started if results[i] != OK]
+        if good:
+            end = self._rpc(prefix + "End", keys=good)
+            codes = [end] * len(good) if isinstance(end, int) else list(end.codes)
+            for i, c in zip([i for i in started if results[i] == OK], codes):
+                results[i] = c
+        if bad:
+            self._rpc(prefix + "Revoke", keys=bad)
+        disk = self._disk
+        if disk is not None:
+            for i in started:
+                if results[i] == OK:
+                    disk.submit(keys[i], b"".join(ctypes.string_at(a, n) for a, n in sources[i]))
+        return results
+
+    def read_many(self, keys: list[str], entries: list, dests: list, registered: bool) -> list[int]:
+        """Reads entries[i] (from _lookup) into dests[i] (list of (addr, len), total >= size). Per key the
+        bytes read or a negative code. Tries this process's replica first, then the others in order."""
+        results = [0] * len(keys)
+        pending = []  # (index, replica order, pinned regions)
+        releases = []
+        try:
+            for i, e in enumerate(entries):
+                if isinstance(e, int):
+                    results[i] = e
+                    continue
+                if sum(n for _, n in dests[i]) < e.size:
+                    _log.error("get %r: buffer too small (%d bytes) for %d bytes", keys[i],
+                               sum(n for _, n in dests[i]), e.size)
+                    results[i] = int(ErrorCode.INVALID_PARAMS)
+                    continue
+                reps = sorted(e.replicas, key=lambda r: r.segment_name != self._segment_name)
+                if not reps:
+                    results[i] = int(ErrorCode.REPLICA_IS_NOT_READY)
+                    continue
+                needs_te = any(r.segment_name != self._segment_name for r in reps)
+                pinned = self._pin(_clip(dests[i], e.size), registered, needs_te, write_out=True)
+                if pinned is None:
+                    results[i] = int(ErrorCode.TRANSFER_FAIL)
+                    continue
+                releases.append(pinned[1])
+                pending.append((i, reps, pinned[0]))
+            attempt = 0
+            while pending:
+                ops = []
+                for i, reps, regions in pending:
+                    rep, off = reps[min(attempt, len(reps) - 1)], 0
+                    for a, n in regions:
+                        ops.append((rep.segment_name, a, rep.address + off, n, i))
+                        off += n
+                failed = self._transfer(ops, write=False)
+                attempt += 1
+                retry = [p for p in pending if p[0] in failed and attempt < len(p[1])]
+                for i, _, _ in pending:
+                    if i in failed:
+                        results[i] = int(ErrorCode.TRANSFER_FAIL)
+                    else:
+                        results[i] = entries[i].size
+                pending = retry
+        finally:
+            for release in releases:
+                release()
+        now = time.monotonic()
+        for i, e in enumerate(entries):
+            if results[i] >= 0 and not isinstance(e, int) and now > e.expiry:
+                _log.warning("get %r: read lease expired before the transfer finished", keys[i])
+                results[i] = int(ErrorCode.LEASE_EXPIRED)
+        return results
+
+    def fast_read(self, key: str, dests_for, registered: bool) -> int | None:
+        """One key whose cached descriptors are live, read from one replica (own segment first), without the
+        general path's bookkeeping. Bytes read, a negative code from dests_for, or None: use get_many."""
+        master = self._master
+        e = self._cache.get(key)
+        if e is None or master is None or master.view_version != self._view or time.monotonic() >= e.expiry:
+            return None
+        dests = dests_for(0, e.size)
+        if isinstance(dests, int):
+            return dests
+        if sum(n for _, n in dests) < e.size:
+            return None
+        rep = next((r for r in e.replicas if r.segment_name == self._segment_name), None)
+        pinned = self._pin(_clip(dests, e.size), registered, rep is None, write_out=True)
+        if pinned is None:
+            return None
+        rep = rep or e.replicas[0]
+        regions, release = pinned
+        ops, off = [], 0
+        for a, n in regions:
+            ops.append((rep.segment_name, a, rep.address + off, n, 0))
+            off += n
+        try:
+            failed = self._transfer(ops, write=False)
+        finally:
+            release()
+        if failed or time.monotonic() > e.expiry:
+            return None
+        return e.size
+
+    def fast_get_into(self, key, addr, size) -> int | None:
+        """get_into's hot path: live cached descriptors, registered destination, one replica read (own
+        segment: memcpy). Bytes read, or None: take the general path (which validates and logs)."""
+        e = self._cache.get(key)
+        master = self._master
+        if e is None or master is None or master.view_version != self._view or e.size > size or \
+                not isinstance(addr, int) or not self._ranges.contains(addr, e.size):
+            return None
+        now = time.monotonic()
+        if now >= e.expiry:
+            return None
+        for rep in e.replicas:
+            if rep.segment_name == self._segment_name:
+                ctypes.memmove(addr, rep.address, e.size)
+                break
+        else:
+            rep = e.replicas[0]
+            engine = self._engine
+            if engine is None or engine.batch_transfer_sync_read(rep.segment_name, [addr], [rep.address],
+                                                                 [e.size]) != 0:
+                return None
+        return e.size if time.monotonic() < e.expiry else None
+
+    def get_many(self, keys: list[str], dests_for, registered: bool) -> list:
+        """Looks keys up and reads them into dests_for(i, size) (a list of regions, or an int code to skip
+        the key). Retries once with a fresh lookup for keys whose cached descriptors failed."""
+        entries = self._lookup(keys)
+        results = self._read_dests(keys, entries, dests_for, registered)
+        stale = [i for i, r in enumerate(results) if r == ErrorCode.TRANSFER_FAIL]
+        if stale:
+            self._cache_drop(keys[i] for i in stale)
+            again = self._lookup([keys[i] for i in stale])
+            redo = self._read_dests([keys[i] for i in stale], again, lambda j, s: dests_for(stale[j], s),
+                                    registered)
+            for i, r in zip(stale, redo):
+                results[i] = r
+        if self._disk is not None:
+            self._read_disk(keys, results, dests_for)
+        return results
+
+    def _read_disk(self, keys: list[str], results: list, dests_for) -> None:
+        """SSD tier: keys the master does not know are read from their files (and promoted when hot)."""
+        for i, r in enumerate(results):
+            if r != ErrorCode.OBJECT_NOT_FOUND:
+                continue
+            got = self._disk.read(keys[i])
+            if got is None:
+                continue
+            data, promote = got
+            dests = dests_for(i, len(data))
+            if isinstance(dests, int):
+                results[i] = dests
+                continue
+            if sum(n for _, n in dests) < len(data):
+                results[i] = int(ErrorCode.INVALID_PARAMS)
+                continue
+            _scatter(id(data) + _BYTES_DATA, _clip(dests, len(data)))
+            results[i] = len(data)
+            if promote and self.put_many([keys[i]], [[(id(data) + _BYTES_DATA, len(data))]], False, None)[0] == OK:
+                _log.info("SSD tier: %r is hot again, promoted to memory", keys[i])
+
+    def disk_size(self, key: str) -> int | None:
+        return self._disk.size(key) if self._disk is not None else None
+
+    def _read_dests(self, keys, entries, dests_for, registered) -> list[int]:
+        dests, results = [], [0] * len(keys)
+        for i, e in enumerate(entries):
+            d = [] if isinstance(e, int) else dests_for(i, e.size)
+            if isinstance(d, int):
+                results[i] = d
+                entries[i] = d
+                d = []
+            dests.append(d)
+        got = self.read_many(keys, entries, dests, registered)
+        return [r if results[i] == 0 else results[i] for i, r in enumerate(got)]
+
+
+def _noop() -> None:
+    pass
+
+
+def _gather(dst: int, regions: list) -> None:
+    for a, n in regions:
+        ctypes.memmove(dst, a, n)
+        dst += n
+
+
+def _scatter(src: int, regions: list) -> None:
+    for a, n in regions:
+        ctypes.memmove(a, src, n)
+        src += n
+
+
+def _clip(regions: list, size: int) -> list:
+    """The prefix of `regions` covering exactly `size` bytes."""
+    out = []
+    for a, n in regions:
+        if size <= 0:
+            break
+        out.append((a, min(n, size)))
+        size -= n
+    return out
+
+
+def _rpc_code(e: grpc.RpcError) -> int:
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return int(ErrorCode.RPC_TIMEOUT)
+    return int(ErrorCode.RPC_FAIL)
+
+
+def _hostname_with_port(hostname: str, metadata_server: str) -> str:
+    """P2P mode: the engine picks its RPC port. Otherwise a hostname without a port gets a free one in
+    [MC_STORE_CLIENT_MIN_PORT, MC_STORE_CLIENT_MAX_PORT] so that clients on one host get distinct names."""
+    if metadata_server.upper() == "P2PHANDSHAKE" or hostname.rsplit(":", 1)[-1].isdigit():
+        return hostname
+    lo = int(os.environ.get("MC_STORE_CLIENT_MIN_PORT", 12300))
+    hi = int(os.environ.get("MC_STORE_CLIENT_MAX_PORT", 14300))
+    start = int.from_bytes(os.urandom(2), "little") % max(1, hi - lo)
+    for k in range(hi - lo):
+        port = lo + (start + k) % (hi - lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return f"{hostname}:{port}"
+    raise ValueError(f"no free port in [{lo}, {hi})")

@@ -1,0 +1,109 @@
+"""Local memory of a store client: the registered staging buffer and the registry of registered ranges.
+
+``StagingPool``: a registered (memfd-backed, Transfer Engine managed) buffer of ``local_buffer_size`` bytes
+from which byte-API puts and gets borrow space for the one copy between Python objects and the wire.
+``alloc(size)`` returns an address or None (full / too small); ``free(addr)`` gives it back. Thread-safe.
+
+``RegisteredRanges``: the address ranges the Transfer Engine accepts as local buffers (the staging pool, the
+global segment, buffers from ``register_buffer``). ``contains(addr, size)`` says whether [addr, addr+size)
+lies inside one range. Thread-safe; lookups are O(log n).
+
+``buffer_address(obj)``: (address, nbytes) of a contiguous buffer-protocol object (bytes, bytearray,
+memoryview, numpy array, ...) without copying; TypeError for anything else or a non-contiguous view.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+import numpy as np
+
+from mooncake.store.master.allocator import OffsetAllocator
+
+_ALIGN = 64
+
+
+def buffer_address(obj) -> tuple[int, int]:
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise TypeError("value must be a C-contiguous buffer")
+        return obj.ctypes.data, obj.nbytes
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"value must be bytes-like (buffer protocol), got {type(obj).__name__}") from None
+    if not mv.c_contiguous:
+        raise TypeError("value must be a C-contiguous buffer")
+    if mv.nbytes == 0:
+        return 0, 0
+    arr = np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+    return arr.ctypes.data, arr.nbytes
+
+
+class StagingPool:
+    def __init__(self, base: int, size: int) -> None:
+        self.base = base
+        self.size = size
+        self._alloc = OffsetAllocator(size, granule=_ALIGN) if size else None
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def alloc(self, size: int) -> int | None:
+        if self._alloc is None or size <= 0 or size > self.size:
+            return None
+        with self._lock:
+            off = self._alloc.allocate(size)
+            if off is None:
+                return None
+            self._sizes[off] = size
+        return self.base + off
+
+    def free(self, addr: int) -> None:
+        off = addr - self.base
+        with self._lock:
+            self._alloc.free(off, self._sizes.pop(off))
+
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            return self._alloc.free_bytes if self._alloc else 0
+
+
+class RegisteredRanges:
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._lock = threading.Lock()
+
+    def add(self, addr: int, size: int) -> bool:
+        """False when [addr, addr+size) overlaps a range already present (nothing is added)."""
+        with self._lock:
+            i = bisect.bisect_right(self._starts, addr)
+            if i > 0 and self._ends[i - 1] > addr:
+                return False
+            if i < len(self._starts) and self._starts[i] < addr + size:
+                return False
+            self._starts.insert(i, addr)
+            self._ends.insert(i, addr + size)
+            return True
+
+    def remove(self, addr: int) -> int | None:
+        """Removes the range starting at `addr`; its size, or None if no range starts there."""
+        with self._lock:
+            i = bisect.bisect_left(self._starts, addr)
+            if i == len(self._starts) or self._starts[i] != addr:
+                return None
+            size = self._ends[i] - addr
+            del self._starts[i], self._ends[i]
+            return size
+
+    def contains(self, addr: int, size: int) -> bool:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, addr) - 1
+            return i >= 0 and addr + size <= self._ends[i]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._starts.clear()
+            self._ends.clear()

@@ -1,0 +1,58 @@
+"""``mooncake_client``: a standalone store process that owns a memory pool and keeps it in the store.
+
+The cache then survives restarts of inference processes: they set up with ``global_segment_size=0`` (they
+contribute no memory) and their puts land in this process's segment. The service mounts its segment with
+the master, keeps it alive with the heartbeat (re-mounting after a master restart) and unmounts it on
+SIGINT/SIGTERM. It prints one line once ready: ``mooncake_client ready: segment <name> size <bytes> master
+<addr>``. Exit status: 0 after a signal, 1 when setup failed (the reason is logged).
+
+Flags (Mooncake's names where they exist): --master_server_address (127.0.0.1:50051), --host / local
+hostname (MOONCAKE_LOCAL_HOSTNAME, else 127.0.0.1), --metadata_server (P2PHANDSHAKE), --protocol (tcp),
+--device_names (""), --global_segment_size (4GB; human-readable sizes), --local_buffer_size (0).
+Not implemented: dummy clients (``setup_dummy``, the RPC port 50052) and the SSD tier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mooncake_client", description=__doc__.split("\n\n")[0])
+    p.add_argument("--master_server_address", default="127.0.0.1:50051")
+    p.add_argument("--host", default=os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1"))
+    p.add_argument("--metadata_server", default="P2PHANDSHAKE")
+    p.add_argument("--protocol", default="tcp")
+    p.add_argument("--device_names", default="")
+    p.add_argument("--global_segment_size", default="4GB")
+    p.add_argument("--local_buffer_size", default="0")
+    p.add_argument("--log_level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from mooncake.store.client.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    code = store.setup(args.host, args.metadata_server, args.global_segment_size, args.local_buffer_size,
+                       args.protocol, args.device_names, args.master_server_address)
+    if code != 0:
+        print(f"mooncake_client: error: setup failed ({code}); see the log above", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"mooncake_client ready: segment {store.get_hostname()} size {store._global[1]} master "
+          f"{args.master_server_address}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""A store client *process* for multi-process tests and the benchmark, driven by JSON lines on stdin.
+
+Run: ``python -m mooncake.store.client.store_worker --master HOST:PORT [--segment 64MB] [--buffer 16MB]``.
+The first stdout line is {"ready": true, "hostname": ..., "code": setup's return value}. Then each stdin
+line is one request answered by exactly one stdout line, in order:
+
+  {"op": "call", "m": "put", "a": [...], "kw": {...}} -> {"ok": true, "r": <return value>}
+      runs store.<m>(*a, **kw). Bytes travel as {"b64": "..."}; a "config" kw / list arg given as a dict
+      becomes a ReplicateConfig; return values are encoded the same way (lists recursively).
+  {"op": "fill", "prefix": P, "count": N, "size": S, "seed": X} -> {"ok": true, "codes": {code: n}}
+      puts keys P0..P{N-1} with the deterministic content pattern(S, X + i).
+  {"op": "verify", "prefix": P, "count": N, "size": S, "seed": X} -> {"ok": true, "good": n, "bad": [keys]}
+  {"op": "put_start_only", "key": K, "size": S} -> {"ok": true, "code": c}: a put that never ends (the
+      process is about to be killed in the middle of a put).
+  {"op": "exit"} -> {"ok": true}, then the store is closed and the process exits.
+A failing request is answered {"ok": false, "error": "..."}; the process keeps going.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import traceback
+
+import numpy as np
+
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+
+def pattern(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def encode(v):
+    if isinstance(v, (bytes, bytearray)):
+        return {"b64": base64.b64encode(bytes(v)).decode()}
+    if isinstance(v, (list, tuple)):
+        return [encode(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): encode(x) for k, x in v.items()}
+    if v is None or isinstance(v, (int, float, str, bool)):
+        return v
+    return repr(v)
+
+
+def decode(v):
+    if isinstance(v, dict):
+        if set(v) == {"b64"}:
+            return base64.b64decode(v["b64"])
+        return {k: decode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [decode(x) for x in v]
+    return v
+
+
+def _handle(store: MooncakeDistributedStore, req: dict) -> dict:
+    op = req["op"]
+    if op == "call":
+        kw = {k: decode(v) for k, v in req.get("kw", {}).items()}
+        if isinstance(kw.get("config"), dict):
+            kw["config"] = ReplicateConfig(**kw["config"])
+        return {"ok": True, "r": encode(getattr(store, req["m"])(*decode(req.get("a", [])), **kw))}
+    if op in ("fill", "verify"):
+        codes, bad = {}, []
+        for i in range(req["count"]):
+            key, want = f"{req['prefix']}{i}", pattern(req["size"], req["seed"] + i)
+            if op == "fill":
+                c = store.put(key, want)
+                codes[c] = codes.get(c, 0) + 1
+            elif store.get(key) != want:
+                bad.append(key)
+        if op == "fill":
+            return {"ok": True, "codes": codes}
+        return {"ok": True, "good": req["count"] - len(bad), "bad": bad}
+    if op == "put_start_only":
+        reply = store._rpc("PutStart", key=req["key"], size=req["size"])
+        return {"ok": True, "code": reply if isinstance(reply, int) else reply.code}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--master", required=True)
+    p.add_argument("--segment", default="64MB")
+    p.add_argument("--buffer", default="16MB")
+    args = p.parse_args(argv)
+    store = MooncakeDistributedStore()
+    code = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, args.buffer, "tcp", "", args.master)
+    print(json.dumps({"ready": True, "code": code, "hostname": store.get_hostname()}), flush=True)
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            if req.get("op") == "exit":
+                print(json.dumps({"ok": True}), flush=True)
+                break
+            out = _handle(store, req)
+        except Exception as e:  # report and keep serving
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(json.dumps(out), flush=True)
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""``StoreWorker``: a store client process (store_worker.py) for multi-process tests and the benchmark.
+Waits are bounded (``timeout``); ``stop`` exits it cleanly, then terminates / kills it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from mooncake.store.client.store_worker import decode, encode
+from mooncake.store.master.testing import child_env, read_line, stop_process
+
+
+class StoreWorker:
+    def __init__(self, master: str, segment: str = "64MB", buffer: str = "16MB", timeout: float = 60.0,
+                 env: dict | None = None) -> None:
+        cmd = [sys.executable, "-m", "mooncake.store.client.store_worker", "--master", master,
+               "--segment", str(segment), "--buffer", str(buffer)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**child_env(), **(env or {})})
+        try:
+            hello = json.loads(read_line(self.proc, timeout))
+        except (TimeoutError, RuntimeError, ValueError):
+            stop_process(self.proc, 2)
+            raise
+        if hello.get("code") != 0:
+            stop_process(self.proc, 2)
+            raise RuntimeError(f"store worker setup failed: {hello}")
+        self.hostname = hello["hostname"]
+
+    def request(self, req: dict, timeout: float = 60.0) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        out = json.loads(read_line(self.proc, timeout))
+        if not out.get("ok"):
+            raise RuntimeError(out.get("error"), out.get("trace"))
+        return out
+
+    def call(self, method: str, *args, timeout: float = 60.0, **kwargs):
+        """store.<method>(*args, **kwargs) in the worker; bytes and ReplicateConfig (as a dict) travel."""
+        out = self.request({"op": "call", "m": method, "a": encode(list(args)),
+                            "kw": {k: encode(v) for k, v in kwargs.items()}}, timeout)
+        return decode(out["r"])
+
+    def kill(self) -> None:
+        """SIGKILL: no close, no unmount, unfinished puts stay unfinished."""
+        self.proc.kill()
+        self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"op": "exit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        stop_process(self.proc, 3)
