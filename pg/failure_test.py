@@ -1,0 +1,164 @@
+"""Failure handling: a rank dies (before / during a collective, rank 0 too); the survivors' operation fails
+within the timeout naming it, they agree on the healthy set and continue; a replacement process rejoins."""
+
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import mooncake.pg as pg
+from mooncake.pg.testutil import exit_handshake, init, run_ranks
+
+TIMEOUT_S = 3.0
+
+
+def setup(rank, world, port, **options):
+    init("mooncake-cpu", rank, world, port, pg_options=pg.MooncakeBackendOptions(world, False, **options))
+    pg.set_collective_timeout_us(int(TIMEOUT_S * 1e6))
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the group works before anyone dies
+    assert t[0].item() == world
+
+
+def expect_failure(t, dead):
+    """all_reduce(t) fails within the timeout, naming `dead`; returns the elapsed seconds."""
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    with pytest.raises(pg.MooncakeOpError) as err:
+        work.wait()
+    elapsed = time.monotonic() - start
+    assert pg.get_failed_ranks_hint(work) == dead and not pg.get_local_success(work), err.value
+    assert f"{dead}" in str(err.value)
+    assert elapsed < TIMEOUT_S + 2, elapsed
+    return elapsed
+
+
+def check_sum(ranks, n=1000):
+    t = torch.full((n,), 1.0) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    want = float(sum(r + 1 for r in ranks))
+    assert torch.equal(t, torch.full((n,), want)), (t[:4], want)
+
+
+def body_dies_before(rank, world, port, victim):
+    setup(rank, world, port)
+    if rank == victim:
+        os._exit(0)
+    expect_failure(torch.ones(10), [victim])
+    survivors = [r for r in range(world) if r != victim]
+    assert pg.get_active_ranks(dist.group.WORLD) == survivors
+    assert pg.get_current_epoch(dist.group.WORLD) == 1
+    assert pg.get_peer_state(dist.group.WORLD, [victim, rank]) == ["Inactive", "Active"]
+    check_sum(survivors)
+    check_sum(survivors, n=1 << 20)  # the two-phase path too
+    with pytest.raises(ValueError, match="inactive"):
+        dist.send(torch.ones(1), victim)
+    with pytest.raises(ValueError, match="not active"):
+        dist.broadcast(torch.ones(1), src=victim)
+    dist.barrier()
+    if victim != 0:
+        exit_handshake(rank, world, survivors)
+    return True
+
+
+def body_dies_during(rank, world, port):
+    setup(rank, world, port)
+    victim = world - 1
+    big = torch.ones(8 << 20)  # 32 MiB: many chunks
+    if rank == victim:
+        threading.Timer(0.2, lambda: os._exit(0)).start()
+        dist.all_reduce(big)  # the others join late: this rank dies in the middle
+        time.sleep(5)
+        os._exit(0)
+    time.sleep(0.4)
+    expect_failure(big, [victim])
+    check_sum(range(world - 1))
+    exit_handshake(rank, world, range(world - 1))
+    return True
+
+
+def body_rejoin(rank, world, port, joined):
+    setup(rank, world, port)
+    victim = world - 1
+    if rank == victim:
+        os._exit(0)
+    expect_failure(torch.ones(10), [victim])
+    joined.wait(30)  # the replacement process is in join_group now
+    resp = pg.recover_ranks(dist.group.WORLD, [victim])
+    assert resp.status == pg.ProposalStatus.Applied, resp
+    check_sum(range(world))
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank)))
+    assert [o[0].item() for o in outs] == list(range(world))
+    exit_handshake(rank, world)
+    return pg.get_current_epoch(dist.group.WORLD)
+
+
+def body_replacement(key, world, port, rank, joined):
+    time.sleep(1.5)  # well after the original died
+    init("mooncake-cpu", rank, world, port, pg_options=pg.MooncakeBackendOptions(world, True))
+    pg.set_collective_timeout_us(int(TIMEOUT_S * 1e6))
+    t = torch.ones(3)
+    dist.all_reduce(t)  # before join_group: local only
+    assert t[0].item() == 1.0
+    joined.set()
+    pg.join_group(dist.group.WORLD, timeout_s=30)
+    assert pg.get_active_ranks(dist.group.WORLD) == list(range(world))
+    check_sum(range(world))
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank)))
+    assert [o[0].item() for o in outs] == list(range(world))
+    exit_handshake(rank, world)
+    return pg.get_current_epoch(dist.group.WORLD)
+
+
+def body_manual_policy(rank, world, port):
+    """auto_sync off: the failure is reported, the group changes only when asked."""
+    setup(rank, world, port, auto_deactivate_on_failure=True, auto_sync_on_failure=False)
+    victim = world - 1
+    if rank == victim:
+        os._exit(0)
+    expect_failure(torch.ones(10), [victim])
+    assert pg.get_peer_state(dist.group.WORLD, [victim]) == ["Failed"]
+    pg.set_p2p_timeout_us(2_000_000)
+    start, work = time.monotonic(), dist.irecv(torch.empty(1), victim)  # still active: fails in time
+    with pytest.raises(pg.MooncakeOpError, match=f"{[victim]}"):
+        work.wait()
+    assert pg.get_failed_ranks_hint(work) == [victim] and time.monotonic() - start < 4
+    assert pg.get_active_ranks(dist.group.WORLD) == list(range(world))
+    resp = pg.sync_after_failure(dist.group.WORLD)
+    assert resp.status == pg.SyncAfterFailureStatus.Reconciled, resp
+    assert pg.sync_after_failure(dist.group.WORLD).status == pg.SyncAfterFailureStatus.NoPending
+    assert pg.get_active_ranks(dist.group.WORLD) == list(range(world - 1))
+    check_sum(range(world - 1))
+    # explicit deactivation of a live rank, then its re-activation
+    if rank == 0:
+        assert pg.deactivate_ranks(dist.group.WORLD, [1]).status == pg.ProposalStatus.Applied
+        assert pg.deactivate_ranks(dist.group.WORLD, [99]).status == pg.ProposalStatus.Rejected
+    dist.group.WORLD.barrier() if rank != 1 else None
+    exit_handshake(rank, world, range(world - 1))
+    return True
+
+
+@pytest.mark.parametrize("world,victim", [(3, 2), (3, 0), (4, 1)])
+def test_rank_dies_before_collective(world, victim):
+    res = run_ranks(body_dies_before, world, victim, may_die=(victim,))
+    assert sorted(res) == [r for r in range(world) if r != victim]
+
+
+def test_rank_dies_during_collective():
+    run_ranks(body_dies_during, 3, may_die=(2,))
+
+
+def test_replacement_rejoins():
+    joined = mp.get_context("fork").Event()
+    res = run_ranks(body_rejoin, 3, joined, may_die=(2,), extra=[(body_replacement, 10, (2, joined))])
+    assert res[0] == res[1] == res[10] == 2  # epoch 1: rank 2 dropped; epoch 2: it rejoined
+
+
+def test_manual_policy():
+    run_ranks(body_manual_policy, 3, may_die=(2,))

@@ -1,0 +1,161 @@
+"""Membership of a Mooncake PG group: who is active, in which epoch, and how survivors agree after a failure.
+
+There is no coordinator process: every member holds the view (epoch, active ranks) and changes it by
+writing records into the other members' registered memory (one 64-byte line per writer, see
+Mesh.member_line): [session, round, mask words...]. Two kinds of change:
+
+- sync (after a failure): each survivor proposes `active - suspects` to every rank it still trusts and
+  raises their resync line (which makes any operation they are blocked in stop at once). In rounds, a
+  survivor waits (bounded) for every trusted rank's proposal, drops ranks that did not answer and
+  intersects the masks; it stops when its mask is unchanged and every received mask equals it, then writes
+  one more round so slower survivors finish too. No rank is special, so the death of rank 0 is handled
+  like any other. The agreed view gets epoch = session = old epoch + 1.
+- commit (activation of a joiner, or an explicit deactivation): the caller writes (new epoch, COMMIT,
+  mask) to every member of the old and new view; members adopt it before their next collective.
+  Calling the same change on several members is harmless (they write the same record).
+"""
+
+import time
+
+from .transport import PeerFailure
+
+COMMIT = (1 << 62)
+MASK_WORDS = 6  # up to 384 ranks
+SCRATCH = 4  # Mesh scratch line used for membership writes
+
+
+def _mask_words(ranks):
+    words = [0] * MASK_WORDS
+    for r in ranks:
+        words[r // 64] |= 1 << (r % 64)
+    return words
+
+
+def _ranks(words):
+    return {w * 64 + b for w in range(MASK_WORDS) for b in range(64) if int(words[w]) >> b & 1}
+
+
+class Membership:
+    """View of one group member. `active` is a set of group ranks; `epoch` increases with each change."""
+
+    def __init__(self, mesh, active, timeout_s):
+        """timeout_s: a callable giving the bounded wait (seconds) for each agreement round."""
+        if mesh.size > 64 * MASK_WORDS:
+            raise ValueError(f"mooncake pg: at most {64 * MASK_WORDS} ranks per group")
+        self.mesh = mesh
+        self.rank = mesh.rank
+        self.active = set(active)
+        self.epoch = 0
+        self.timeout_s = timeout_s
+        self.pending_failure = False  # a failure was seen and not yet synced (auto_sync off)
+        self.replaced = set()  # ranks that rejoined as fresh processes (their addresses are looked up again)
+
+    # --- reading the others' records --------------------------------------------------------------
+    def _record(self, src):
+        w = self.mesh.read_line(self.mesh.member_line(src))
+        return int(w[0]), int(w[1]), _ranks(w[2:2 + MASK_WORDS])
+
+    def resync_requested(self):
+        return int(self.mesh.flags[self.mesh.RESYNC * 8]) > self.epoch
+
+    def _apply(self, epoch, active):
+        joined = set(active) - self.active
+        self.replaced |= joined
+        self.epoch, self.active = epoch, set(active)
+        self.mesh.new_epoch(epoch, replaced=joined)
+
+    def adopt_commits(self):
+        """Adopt the newest committed view written by any rank (called before each collective)."""
+        best = None
+        flags, size = self.mesh.flags, self.mesh.size
+        for src in range(size):
+            line = self.mesh.member_line(src) * 8
+            session, rnd = int(flags[line]), int(flags[line + 1])
+            if rnd == COMMIT and session > self.epoch and (best is None or session > best[0]):
+                best = (session, _ranks(flags[line + 2:line + 2 + MASK_WORDS]))
+        if best is not None:
+            self._apply(*best)
+            return True
+        return False
+
+    # --- changes ----------------------------------------------------------------------------------
+    def _send(self, ranks, session, rnd, mask, raise_resync):
+        """Write our record to `ranks`; returns the ranks that could not be reached."""
+        words = [session, rnd] + _mask_words(mask)
+        unreachable = set()
+        for p in sorted(ranks - {self.rank}):
+            try:
+                if raise_resync:
+                    self.mesh.write_flag(p, self.mesh.RESYNC, session, SCRATCH + 1)
+                self.mesh.write_record(p, self.mesh.member_line(self.rank), words, SCRATCH)
+            except PeerFailure:
+                unreachable.add(p)
+            except Exception:  # its address is unknown (the store is gone): same as unreachable
+                unreachable.add(p)
+        return unreachable
+
+    def commit(self, new_active, extra_targets=()):
+        """Install view `new_active` in a new epoch on every old and new member (see module doc)."""
+        session = self.epoch + 1
+        for r in set(new_active) - self.active:  # possibly a fresh process: look its address up again
+            self.mesh.forget_peer(r)
+        targets = (self.active | set(new_active) | set(extra_targets)) - {self.rank}
+        self._send(targets, session, COMMIT, new_active, raise_resync=False)
+        self._apply(session, new_active)
+        return session
+
+    def sync(self, suspects=()):
+        """Agree with the other survivors on the healthy set; returns the ranks dropped."""
+        session = max(self.epoch, int(self.mesh.flags[self.mesh.RESYNC * 8]) - 1) + 1
+        before = set(self.active)
+        mask = (self.active - set(suspects)) | {self.rank}
+        for p in before - {self.rank}:  # proposals already made for this session carry their evidence
+            s, _, m = self._record(p)
+            if s == session and self.rank in m:
+                mask &= m | {self.rank}
+        for rnd in range(1, len(before) + 3):
+            mask -= self._send(mask, session, rnd, mask, raise_resync=True)
+            got = self._collect(mask, session, rnd)
+            new = set(mask) & set(got) | {self.rank}
+            for other in got.values():
+                new &= other | {self.rank}
+            excluded_me = [p for p, m in got.items() if self.rank not in m]
+            if excluded_me:
+                raise RuntimeError(f"mooncake pg: rank(s) {excluded_me} consider rank {self.rank} failed; "
+                                   "this rank is no longer part of the group (rejoin with is_extension=True)")
+            if new == mask and all(m == mask for m in got.values()):
+                self._send(mask, session, rnd + 1, mask, raise_resync=False)
+                break
+            mask = new
+        else:
+            raise RuntimeError("mooncake pg: survivors did not agree on the healthy set")
+        self._apply(session, mask)
+        self.pending_failure = False
+        return before - mask
+
+    def _collect(self, mask, session, rnd):
+        """Masks proposed by the ranks in `mask` for this session at round >= rnd (bounded wait)."""
+        got = {self.rank: set(mask)}
+        deadline = time.monotonic() + self.timeout_s()
+        waiting = set(mask) - {self.rank}
+        while waiting and time.monotonic() < deadline:
+            for p in list(waiting):
+                s, r, m = self._record(p)
+                if s == session and r >= rnd:
+                    got[p] = m
+                    waiting.discard(p)
+                elif s > session:  # it already agreed on a later view: take it
+                    got[p] = m
+                    waiting.discard(p)
+            if waiting:
+                time.sleep(2e-4)
+        return got
+
+    def wait_for_activation(self, deadline):
+        """Block (a joiner) until a committed view containing this rank arrives."""
+        while time.monotonic() < deadline:
+            if self.adopt_commits() and self.rank in self.active:
+                return
+            time.sleep(1e-3)
+        raise TimeoutError(f"mooncake pg: rank {self.rank} was not activated in time (call recover_ranks "
+                           "on a healthy rank)")
