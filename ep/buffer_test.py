@@ -16,9 +16,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(world, scenario, timeout=180):
+def run_ranks(world, scenario, timeout=180, backend="gloo"):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_LOG_LEVEL": "ERROR"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_LOG_LEVEL": "ERROR",
+           "MC_EP_TEST_BACKEND": backend}
     procs = [subprocess.Popen([sys.executable, "-m", "mooncake.ep.testing_worker", str(r), str(world), str(port),
                                scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(world)]
@@ -34,9 +35,9 @@ def run_ranks(world, scenario, timeout=180):
     return reports
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_dispatch_combine_match_the_reference(world):
-    for rc, out, err in run_ranks(world, "basic"):
+@pytest.mark.parametrize("world,backend", [(2, "gloo"), (4, "gloo"), (2, "mooncake-cpu"), (4, "mooncake-cpu")])
+def test_dispatch_combine_match_the_reference(world, backend):
+    for rc, out, err in run_ranks(world, "basic", backend=backend):
         assert rc == 0, err[-3000:]
         assert json.loads(out)["active"] == [1] * world
 

@@ -89,7 +89,10 @@ def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us):
 
 def main() -> int:
     rank, world, port, scenario = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    backend = os.environ.get("MC_EP_TEST_BACKEND", "gloo")
+    if backend == "mooncake-cpu":
+        import mooncake.pg  # noqa: F401  (registers the backend)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     num_experts = 4 * world
     buf = Buffer(dist.group.WORLD)
     active = torch.ones(world, dtype=torch.int32)

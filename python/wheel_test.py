@@ -36,11 +36,14 @@ def test_wheel_contents():
     assert "mooncake/tools/cli.py" in names
     assert "mooncake/store/master/cli.py" in names
     assert "mooncake/ep/buffer.py" in names
+    assert "mooncake/pg/__init__.py" in names and "mooncake/async_store.py" in names
+    assert "mooncake/store/client/store.py" in names
     assert "mooncake/store/proto/mooncake_master_pb2_grpc.py" in names
     assert not any(n.endswith("_test.py") for n in names)
     entry = zipfile.ZipFile(WHEEL[0]).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for script in ("transfer_engine_bench", "mooncake_http_metadata_server", "mooncake ", "mooncake_master"):
+    for script in ("transfer_engine_bench", "mooncake_http_metadata_server", "mooncake ", "mooncake_master",
+                   "mooncake_client", "transfer_engine_topology_dump"):
         assert script in entry
 
 
