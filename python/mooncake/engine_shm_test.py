@@ -140,3 +140,48 @@ def test_force_tcp_and_cross_namespace_peers_use_the_network(local):
     finally:
         peer.close()
         forced.close()
+
+
+def test_freed_and_reallocated_managed_memory_gets_the_data(local):
+    """The peer frees a memfd-backed buffer and allocates another, which reuses the memfd's number: the copy
+    must go to the new buffer, not to the old file still mapped here."""
+    engine, buf = local
+    size_a, size_b = 300 * MiB, 600 * MiB  # above the slab classes: one memfd each, closed on free
+    code = textwrap.dedent(f"""
+        import ctypes, hashlib, json, sys
+        from mooncake.engine import TransferEngine
+        e = TransferEngine()
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        a = e.allocate_managed_buffer({size_a})
+        print(json.dumps({{"segment": e.get_local_segment_name(), "a": a}}), flush=True)
+        sys.stdin.readline()
+        assert e.free_managed_buffer(a, {size_a}) == 0
+        b = e.allocate_managed_buffer({size_b})
+        print(json.dumps({{"b": b}}), flush=True)
+        sys.stdin.readline()
+        view = (ctypes.c_uint8 * 4096).from_address(b)
+        print(json.dumps({{"sha": hashlib.sha256(bytes(view)).hexdigest()}}), flush=True)
+        sys.stdin.readline()
+        e.close()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        info = json.loads(child.stdout.readline())
+        buf[:4096] = pattern(4096, 1)
+        assert engine.transfer_sync_write(info["segment"], buf.ctypes.data, info["a"], 4096) == 0
+        child.stdin.write("\n")
+        child.stdin.flush()
+        b = json.loads(child.stdout.readline())["b"]
+        buf[:4096] = pattern(4096, 2)
+        assert engine.transfer_sync_write(info["segment"], buf.ctypes.data, b, 4096) == 0
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert json.loads(child.stdout.readline())["sha"] == sha(buf[:4096])
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

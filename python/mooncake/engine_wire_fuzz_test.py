@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -110,3 +111,46 @@ def test_target_still_serves_after_the_fuzzing(target):
     assert peer.digest(0, buf.nbytes) == hashlib.sha256(buf).hexdigest()
     assert peer.proc.poll() is None
     engine.close()
+
+
+def test_stalled_write_stops_at_an_unregistration():
+    """A peer that stalls in the middle of a WRITE payload until the target unregistered the memory (its
+    drain wait gave up) must not write the rest of it there: the rest is discarded and the WRITE rejected."""
+    with HttpMetadataServer("127.0.0.1", 0) as meta:
+        peer = EnginePeer(meta.url, "127.0.0.1:31002", 1 << 20, env={"MC_TRANSFER_TIMEOUT": "5"})
+        try:
+            desc = json.loads(meta.store.get(f"mooncake/ram/{peer.segment}"))
+            peer.call("fill", offset=0, length=8192, seed=5)
+            before = peer.digest(16, 8192 - 16)
+            with connect((desc["tcp_data_ip"], desc["tcp_data_port"])) as s:
+                s.sendall(request(WRITE, 1, peer.buffer, 8192) + b"\xee" * 16)
+                time.sleep(0.3)  # the target has the header and pinned the range
+                assert peer.call("unregister")["rc"] == 0  # returns once its drain wait gave up
+                s.sendall(b"\xee" * (8192 - 16))
+                assert read_response(s) == (1, 1, 0)
+            assert peer.digest(16, 8192 - 16) == before
+        finally:
+            peer.close()
+
+
+def _cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_backed_up_answers_do_not_spin_the_loop():
+    """A client that pipelines more READs than the target queues answers for and then reads nothing: the
+    target stops reading requests and sleeps (no busy loop on readable-but-paused sockets)."""
+    with HttpMetadataServer("127.0.0.1", 0) as meta:
+        peer = EnginePeer(meta.url, "127.0.0.1:31003", 1 << 20)
+        try:
+            desc = json.loads(meta.store.get(f"mooncake/ram/{peer.segment}"))
+            with connect((desc["tcp_data_ip"], desc["tcp_data_port"])) as s:
+                s.sendall(b"".join(request(READ, i + 1, peer.buffer, 4096) for i in range(6000)))
+                time.sleep(1.0)
+                before = _cpu_seconds(peer.info["pid"])
+                time.sleep(2.0)
+                used = _cpu_seconds(peer.info["pid"]) - before
+            assert used < 0.5, f"target used {used:.2f} s of CPU in 2 s while its client read nothing"
+        finally:
+            peer.close()

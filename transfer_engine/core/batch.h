@@ -67,11 +67,15 @@ class Task {
 };
 
 /// A fixed-capacity group of tasks and its completion state. Waiting blocks on a condition variable.
-/// Thread-safe, except that AddTask calls for one batch must not race each other (the engine serializes them).
+/// Thread-safe, except that AddTask calls for one batch must not race each other (the engine serializes them
+/// with submit_mutex()).
 class Batch : public std::enable_shared_from_this<Batch> {
  public:
   explicit Batch(size_t capacity);
   ~Batch();
+
+  /// Held by a submission for its whole check-reserve-start sequence.
+  std::mutex& submit_mutex() { return submit_mu_; }
 
   size_t capacity() const { return capacity_; }
   size_t size() const { return size_.load(std::memory_order_acquire); }
@@ -106,6 +110,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::unique_ptr<Task[]> tasks_;
   std::atomic<size_t> size_{0};
   std::atomic<size_t> unfinished_{0};
+  std::mutex submit_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(const Batch&)> on_finished_;

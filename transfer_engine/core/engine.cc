@@ -300,7 +300,10 @@ StatusOr<std::string> TransferEngine::Impl::HandleRpc(const RpcFrame& frame) {
   switch (frame.type) {
     case RpcType::kMetadata: {
       auto j = nlohmann::json::parse(frame.body, nullptr, false);
-      std::string wanted = j.is_object() ? j.value("segment_name", "") : "";
+      std::string wanted;  // any client may send this: a non-string field must not throw
+      if (j.is_object() && j.contains("segment_name") && j["segment_name"].is_string()) {
+        wanted = j["segment_name"].get<std::string>();
+      }
       if (!wanted.empty() && wanted != segment_name_) {
         return NotFound("this engine serves segment '" + segment_name_ + "', not '" + wanted + "'");
       }
@@ -352,6 +355,7 @@ StatusOr<std::shared_ptr<Batch>> TransferEngine::Impl::FindBatch(BatchId id) con
 
 Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequest>& requests,
                                         const Notification* notify, bool drive) {
+  std::lock_guard submit_lock(b.submit_mutex());  // concurrent submits to one batch take distinct slots
   if (b.size() + requests.size() > b.capacity()) {
     return Status(ErrorCode::kTooManyRequests, "the batch has room for " +
                                                    std::to_string(b.capacity() - b.size()) + " more requests, got " +

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <numeric>
 #include <vector>
 
@@ -135,6 +137,58 @@ TEST(EngineCreateTest, BadOptionsFailWithAReason) {
   auto e = TransferEngine::Create(o);
   EXPECT_EQ(e.status().code(), ErrorCode::kMetadata);
   EXPECT_NE(e.status().message().find("built-in"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mooncake::te
+
+namespace mooncake::te {
+namespace {
+
+// Threads submitting to one batch each get their own task slots: every request is counted and completes.
+TEST_P(EngineTest, ConcurrentSubmitsToOneBatch) {
+  constexpr size_t kThreads = 4, kSubmits = 100, kPerSubmit = 32;
+  auto batch = a_->AllocateBatch(kThreads * kSubmits * kPerSubmit);
+  ASSERT_TRUE(batch.ok());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<TransferRequest> reqs;
+      for (size_t i = 0; i < kPerSubmit; ++i) reqs.push_back(Req(OpCode::kWrite, (t * kPerSubmit + i) * 64, (t * kPerSubmit + i) * 64, i % 2 ? 64 : 0));
+      for (size_t s = 0; s < kSubmits; ++s) {
+        if (!a_->Submit(*batch, reqs).ok()) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto st = a_->WaitBatch(*batch, std::chrono::seconds(20));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state, TransferState::kCompleted);
+  EXPECT_EQ(st->transferred_bytes, kThreads * kSubmits * (kPerSubmit / 2) * 64);
+  EXPECT_TRUE(a_->GetTaskStatus(*batch, kThreads * kSubmits * kPerSubmit - 1).ok());
+  EXPECT_TRUE(a_->FreeBatch(*batch).ok());
+}
+
+}  // namespace
+}  // namespace mooncake::te
+
+#include "transfer_engine/core/rpc.h"
+
+namespace mooncake::te {
+namespace {
+
+// The RPC port takes frames from anyone: a metadata request whose segment_name is not a string is answered,
+// not a crash of the engine.
+TEST(EngineRpcTest, MetadataRequestWithNonStringSegmentName) {
+  auto e = MakeEngine();
+  RpcFrame f;
+  f.type = RpcType::kMetadata;
+  f.body = R"({"segment_name": 42})";
+  auto reply = RpcCall("127.0.0.1", e->rpc_port(), f, std::chrono::milliseconds(5000), 1 << 20);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_NE(reply->body.find("buffers"), std::string::npos) << reply->body;
 }
 
 }  // namespace

@@ -42,6 +42,13 @@ StatusOr<SegmentDescriptor> SegmentDescriptor::Parse(std::string_view text) {
       d.buffers.push_back(std::move(bd));
     }
   }
+  // Fields the transports read with json::value(), which throws on a type mismatch.
+  for (const char* key : {"instance", "host_id", "tcp_data_ip"}) {
+    if (j.contains(key) && !j[key].is_string()) return bad(std::string(key) + " is not a string");
+  }
+  for (const char* key : {"pid", "epoch", "epoch_fd", "tcp_data_port"}) {
+    if (j.contains(key) && !j[key].is_number()) return bad(std::string(key) + " is not a number");
+  }
   d.json = std::move(j);
   return d;
 }

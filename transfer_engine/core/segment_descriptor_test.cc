@@ -28,7 +28,11 @@ TEST(SegmentDescriptorTest, RejectsCorruptDocuments) {
                           "{\"name\":\"a\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"x\",\"addr\":0,\"length\":1}]}",
                           "{\"name\":\"a\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"x\",\"addr\":1,\"length\":0}]}",
                           "{\"name\":\"a\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"\",\"addr\":1,\"length\":1}]}",
-                          "{\"name\":\"a\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"x\",\"addr\":-1,\"length\":1}]}"}) {
+                          "{\"name\":\"a\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"x\",\"addr\":-1,\"length\":1}]}",
+                          "{\"name\":\"a\",\"protocol\":\"tcp\",\"instance\":7}",
+                          "{\"name\":\"a\",\"protocol\":\"tcp\",\"pid\":\"12\"}",
+                          "{\"name\":\"a\",\"protocol\":\"tcp\",\"epoch\":[1]}",
+                          "{\"name\":\"a\",\"protocol\":\"tcp\",\"host_id\":null}"}) {
     auto d = SegmentDescriptor::Parse(bad);
     EXPECT_FALSE(d.ok()) << bad;
     EXPECT_EQ(d.status().code(), ErrorCode::kMalformedJson) << bad;

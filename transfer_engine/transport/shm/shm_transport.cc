@@ -20,6 +20,7 @@ namespace mooncake::te::shm {
 struct ShmTransport::Mapping {
   char* base = nullptr;
   size_t length = 0;
+  uint64_t epoch = 0;  // the peer's registration epoch it was mapped under (fd numbers are reused after a free)
   ~Mapping() {
     if (base) munmap(base, length);
   }
@@ -121,11 +122,17 @@ bool ShmTransport::CanReach(const SegmentDescriptor& peer) const {
 
 StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const SegmentDescriptor& desc,
                                                                          const BufferDescriptor& buf) {
+  const uint64_t epoch = desc.json.value("epoch", uint64_t{0});
   {
     std::lock_guard lock(mu_);
     Peer& p = PeerFor(desc);
     auto it = p.mappings.find(buf.shm_fd);
-    if (it != p.mappings.end()) return it->second;
+    // A mapping made under another epoch may be of a memfd the peer has since freed (and whose number it
+    // reused): map the descriptor's file afresh.
+    if (it != p.mappings.end() && it->second->epoch == epoch &&
+        it->second->length >= buf.shm_offset + buf.length) {
+      return it->second;
+    }
   }
   int pid = desc.json.value("pid", 0);
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(buf.shm_fd);
@@ -142,6 +149,7 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
   auto m = std::make_shared<Mapping>();
   m->base = static_cast<char*>(base);
   m->length = static_cast<size_t>(st.st_size);
+  m->epoch = epoch;
   std::lock_guard lock(mu_);
   PeerFor(desc).mappings[buf.shm_fd] = m;
   return m;
@@ -149,6 +157,7 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
 
 Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
   const std::atomic<uint64_t>* epoch = nullptr;
+  std::shared_ptr<Mapping> page;  // keeps the page mapped while we read it (ForgetPeer may drop the peer)
   {
     std::lock_guard lock(mu_);
     Peer& p = PeerFor(desc);
@@ -165,7 +174,8 @@ Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
         }
       }
     }
-    if (p.epoch) epoch = reinterpret_cast<const std::atomic<uint64_t>*>(p.epoch->base);
+    page = p.epoch;
+    if (page) epoch = reinterpret_cast<const std::atomic<uint64_t>*>(page->base);
   }
   if (!epoch) {
     return Status(ErrorCode::kRemoteRejected, "cannot check the registrations of '" + desc.name + "'");

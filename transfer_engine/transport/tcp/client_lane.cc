@@ -44,7 +44,11 @@ void ClientLane::Settle(Outcome& out) {
 Status ClientLane::ConnectLocked() {
   auto fd = net::Connect(path_->remote_ip, path_->port, config_.handshake_connect_timeout, path_->local_ip);
   if (!fd.ok()) return Status(ErrorCode::kPeerUnreachable, path_->label + ": " + fd.status().message());
-  MC_RETURN_IF_ERROR(net::SetNonBlocking(*fd, true));
+  Status nonblocking = net::SetNonBlocking(*fd, true);
+  if (!nonblocking.ok()) {
+    close(*fd);
+    return nonblocking;
+  }
   // Let the kernel give up on a connection whose data goes unacknowledged (link down) as well.
   unsigned int user_timeout = static_cast<unsigned int>(config_.tcp_stall_timeout.count());
   setsockopt(*fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
@@ -64,6 +68,10 @@ Status ClientLane::ConnectLocked() {
 }
 
 bool ClientLane::QueueLocked(const std::vector<Slice*>& slices, Outcome* out) {
+  if (shut_) {  // the transport stopped (its loops may be gone): nothing would ever complete these
+    for (Slice* s : slices) out->done.emplace_back(s, shut_why_);
+    return false;
+  }
   if (fd_ < 0) {
     Status st = ConnectLocked();
     if (!st.ok()) {
@@ -139,8 +147,11 @@ bool ClientLane::TryDrive(const std::vector<Slice*>& slices) {
     st = loop_->Modify(fd_, EPOLLIN | (want_write_ ? EPOLLOUT : 0), this);
     if (!st.ok()) MC_LOG(kWarning) << path_->label << ": " << st.message();
   }
+  // Slices queued for the peer while we drove may have found this lane full: it has room again.
+  bool room = fd_ >= 0 && !out.done.empty();
   lock.unlock();
   Settle(out);
+  if (room) owner_->OnLaneRoom(this);
   return true;
 }
 
@@ -337,6 +348,10 @@ void ClientLane::Abort(const Status& why, bool reroute) {
   Outcome out;
   {
     std::lock_guard lock(mu_);
+    if (!reroute) {
+      shut_ = true;
+      shut_why_ = why;
+    }
     CloseLocked(why, reroute, &out);
   }
   Settle(out);

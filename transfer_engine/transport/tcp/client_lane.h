@@ -106,6 +106,8 @@ class ClientLane : public EventHandler {
   int fd_ = -1;
   bool want_write_ = false;
   bool driving_ = false;  // a caller thread drives the socket; the loop thread keeps off
+  bool shut_ = false;     // aborted for good (reroute=false: the transport stops): never reconnects
+  Status shut_why_;
   uint64_t next_seq_ = 1;
   std::deque<Pending> pending_;  // in request order; [0, send_index_) fully written
   size_t send_index_ = 0;

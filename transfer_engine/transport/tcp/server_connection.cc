@@ -28,7 +28,10 @@ ServerConnection::~ServerConnection() {
   if (fd_ >= 0) close(fd_);
 }
 
-Status ServerConnection::Register() { return loop_->Add(fd_, EPOLLIN, this); }
+Status ServerConnection::Register() {
+  interest_ = EPOLLIN;
+  return loop_->Add(fd_, interest_, this);
+}
 
 void ServerConnection::Close(const std::string& why) {
   if (fd_ < 0) return;
@@ -73,6 +76,14 @@ bool ServerConnection::ReadRequests() {
       break;
     }
     if (write_left_ > 0) {
+      if (write_dst_ && memory_->epoch() != write_epoch_) {
+        write_epoch_ = memory_->epoch();
+        if (memory_->Find(reinterpret_cast<uint64_t>(write_dst_), write_left_, /*remote=*/true) != write_pin_) {
+          MC_LOG(kWarning) << "WRITE from " << peer_ << ": its destination was unregistered; discarding the rest";
+          write_dst_ = nullptr;  // the rest is discarded and the WRITE rejected
+          write_pin_.reset();
+        }
+      }
       size_t buffered = rend_ - rstart_;
       size_t got = 0;
       if (buffered > 0) {
@@ -139,9 +150,11 @@ bool ServerConnection::ReadRequests() {
       return false;
     }
     rstart_ += kRequestHeaderSize;
+    const uint64_t epoch = memory_->epoch();  // read before the lookup: a later unregistration changes it
     RegionPin pin = memory_->Find(h.addr, h.length, /*remote=*/true);
     if (h.op == FrameOp::kWrite) {
       write_seq_ = h.seq;
+      write_epoch_ = epoch;
       write_left_ = h.length;
       write_pin_ = pin;
       write_dst_ = pin ? reinterpret_cast<char*>(h.addr) : nullptr;
@@ -151,6 +164,7 @@ bool ServerConnection::ReadRequests() {
         write_pin_.reset();
       }
     } else if (pin) {
+      if (out_.empty()) read_epoch_ = epoch;
       QueueResponse(FrameStatus::kOk, h.seq, reinterpret_cast<const char*>(h.addr), h.length, std::move(pin));
     } else {
       MC_LOG(kDebug) << "rejected READ from " << peer_ << " outside registered memory";
@@ -161,6 +175,16 @@ bool ServerConnection::ReadRequests() {
 }
 
 bool ServerConnection::Flush() {
+  if (!out_.empty() && memory_->epoch() != read_epoch_) {
+    read_epoch_ = memory_->epoch();
+    for (const Out& o : out_) {
+      if (!o.pin || o.payload_len == 0) continue;
+      if (memory_->Find(reinterpret_cast<uint64_t>(o.payload), o.payload_len, /*remote=*/true) != o.pin) {
+        Close("the source of a READ was unregistered before it was sent");
+        return false;
+      }
+    }
+  }
   while (!out_.empty()) {
     iovec iov[kMaxIov];
     int n = 0;
@@ -195,11 +219,13 @@ bool ServerConnection::Flush() {
     }
   }
   bool want_write = !out_.empty();
-  if (want_write != want_write_) {
+  // While answers are backed up, stop reading new requests (the client pipelines; it waits). Re-armed on
+  // every change, not only of want_write: a full queue must drop EPOLLIN or unread requests wake us forever.
+  uint32_t ev = want_write ? EPOLLOUT : EPOLLIN;
+  if (want_write && out_.size() < kMaxQueuedResponses) ev |= EPOLLIN;
+  if (ev != interest_) {
+    interest_ = ev;
     want_write_ = want_write;
-    // While answers are backed up, stop reading new requests (the client pipelines; it waits).
-    uint32_t ev = want_write ? EPOLLOUT : EPOLLIN;
-    if (want_write && out_.size() < kMaxQueuedResponses) ev |= EPOLLIN;
     Status st = loop_->Modify(fd_, ev, this);
     if (!st.ok()) MC_LOG(kWarning) << "data connection from " << peer_ << ": " << st.message();
   }

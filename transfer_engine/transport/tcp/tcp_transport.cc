@@ -85,6 +85,7 @@ Status TcpTransport::Start(const TransportContext& ctx) {
 
 void TcpTransport::Stop() {
   if (stopped_.exchange(true)) return;
+  { std::lock_guard lock(probe_mu_); }  // the prober is either before its predicate check or waiting
   probe_cv_.notify_all();
   if (prober_.joinable()) prober_.join();
   for (auto& loop : loops_) loop->Stop();
@@ -312,6 +313,15 @@ void TcpTransport::Refill(ClientLane* lane) {
 }
 
 void TcpTransport::Dispatch(Peer* peer) {
+  if (stopped_.load()) {  // Stop() may have drained the queue before these slices were added
+    std::deque<Slice*> queued;
+    {
+      std::lock_guard lock(peer->mu);
+      queued.swap(peer->queue);
+    }
+    for (Slice* s : queued) s->Complete(Status(ErrorCode::kSocket, "transfer engine is shutting down"));
+    return;
+  }
   bool any_up = false;
   for (auto& path : peer->paths) {
     if (path->down.load()) continue;
