@@ -106,9 +106,11 @@ class TransferEngine::Impl {
   std::unordered_map<BatchId, std::shared_ptr<Batch>> batches_;
   BatchId next_batch_ = 1;
 
-  // Notifications received.
+  // Notifications received (bounded: any peer can send them).
+  static constexpr size_t kMaxQueuedNotifications = 65536;
   std::mutex notify_mu_;
-  std::vector<Notification> notifications_;
+  std::deque<Notification> notifications_;
+  bool notify_overflow_ = false;
 
   std::mutex publish_mu_;
 
@@ -316,6 +318,15 @@ StatusOr<std::string> TransferEngine::Impl::HandleRpc(const RpcFrame& frame) {
         return Status(ErrorCode::kMalformedJson, "notify needs string fields name and notify_msg");
       }
       std::lock_guard lock(notify_mu_);
+      if (notifications_.size() >= kMaxQueuedNotifications) {
+        // Nobody drains them: keep the newest, and say so once per overflow.
+        if (!notify_overflow_) MC_LOG(kWarning) << "more than " << kMaxQueuedNotifications
+                                                << " notifications unread (call get_notifies); dropping the oldest";
+        notify_overflow_ = true;
+        notifications_.erase(notifications_.begin());
+      } else {
+        notify_overflow_ = false;
+      }
       notifications_.push_back({j["name"].get<std::string>(), j["notify_msg"].get<std::string>()});
       return std::string(R"({"name":"","notify_msg":"success"})");
     }
@@ -620,8 +631,8 @@ Status TransferEngine::SendNotify(const std::string& segment, const Notification
 
 std::vector<Notification> TransferEngine::TakeNotifications() {
   std::lock_guard lock(impl_->notify_mu_);
-  std::vector<Notification> out;
-  out.swap(impl_->notifications_);
+  std::vector<Notification> out(impl_->notifications_.begin(), impl_->notifications_.end());
+  impl_->notifications_.clear();
   return out;
 }
 

@@ -41,6 +41,9 @@ StatusOr<ManagedMemory::Mapping> ManagedMemory::Map(size_t length) {
     return st;
   }
   void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Where shmem transparent huge pages are enabled ("advise"), 2 MiB pages make first touches (here and in
+  // peers' mappings) 512x fewer page faults; elsewhere this is a no-op.
+  if (p != MAP_FAILED) madvise(p, length, MADV_HUGEPAGE);
   if (p == MAP_FAILED) {
     Status st(ErrorCode::kMemory, "mmap(" + std::to_string(length) + "): " + strerror(errno));
     close(fd);

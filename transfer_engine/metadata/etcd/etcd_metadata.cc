@@ -2,6 +2,7 @@
 // gateway with libcurl (no gRPC/Go dependency). Every key this engine writes is bound to one lease of
 // MC_METADATA_LEASE_TTL seconds, kept alive from a background thread: a crashed engine's keys vanish when the
 // lease expires; a clean exit revokes the lease (and deletes the keys).
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -140,13 +141,13 @@ class EtcdKeyValueStore : public KeyValueStore {
     std::string payload = body.dump();
     Status last;
     for (size_t i = 0; i < endpoints_.size(); ++i) {
-      size_t idx = (good_ + i) % endpoints_.size();
+      size_t idx = (good_.load(std::memory_order_relaxed) + i) % endpoints_.size();
       auto r = http_.Request("POST", "http://" + endpoints_[idx] + path, &payload);
       if (!r.ok()) {
         last = r.status();
         continue;
       }
-      good_ = idx;
+      good_.store(idx, std::memory_order_relaxed);
       auto j = nlohmann::json::parse(r->body, nullptr, false);
       if (r->code != 200 || j.is_discarded() || !j.is_object()) {
         return Status(ErrorCode::kMetadata, "etcd " + path + " returned HTTP " + std::to_string(r->code) + ": " +
@@ -160,7 +161,7 @@ class EtcdKeyValueStore : public KeyValueStore {
   std::vector<std::string> endpoints_;
   std::chrono::seconds ttl_;
   HttpClient http_;
-  size_t good_ = 0;
+  std::atomic<size_t> good_{0};  // the endpoint that answered last (any thread)
   std::mutex mu_;  // guards lease_, owned_
   std::string lease_;
   std::map<std::string, std::string> owned_;

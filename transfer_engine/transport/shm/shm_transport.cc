@@ -144,6 +144,7 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
     return Status(ErrorCode::kSocket, path + " is smaller than the buffer it should back");
   }
   void* base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base != MAP_FAILED) madvise(base, static_cast<size_t>(st.st_size), MADV_HUGEPAGE);  // see managed_memory.cc
   close(fd);
   if (base == MAP_FAILED) return Status(ErrorCode::kMemory, "mmap " + path + ": " + strerror(errno));
   auto m = std::make_shared<Mapping>();

@@ -225,7 +225,8 @@ bool TcpTransport::CanReach(const SegmentDescriptor& peer) const {
   auto port = peer.json.find("tcp_data_port");
   auto ip = peer.json.find("tcp_data_ip");
   auto version = peer.json.find("tcp_proto_version");
-  return port != peer.json.end() && port->is_number_unsigned() && ip != peer.json.end() && ip->is_string() &&
+  return port != peer.json.end() && port->is_number_unsigned() && port->get<uint64_t>() > 0 &&
+         port->get<uint64_t>() <= 65535 && ip != peer.json.end() && ip->is_string() &&
          version != peer.json.end() && *version == 3;
 }
 
