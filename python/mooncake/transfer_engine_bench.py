@@ -216,7 +216,7 @@ def run_demo(args) -> int:
             for i, (label, force_tcp) in enumerate([("TCP (loopback)", True), ("same-host shared memory", False)]):
                 ep = Endpoint(f"127.0.0.1:{17002 + i}", meta.url, size, force_tcp=force_tcp)
                 rows, moved = demo_rows(ep, target.info)
-                ep.engine = None  # unpublish while the metadata server still runs
+                ep.engine.close()  # unpublish while the metadata server still runs
                 tables.append((label, rows, moved))
         finally:
             target.close()
@@ -275,7 +275,7 @@ def same_host_rows(metadata: str, tcp_ep: "Endpoint", target: dict, rounds: int)
             mc = float(np.median(copies))
             rows.append({"path": label, "op": "write" if write else "read", "gbps": s["gbps"], "memcpy_gbps": mc,
                          "ratio": s["gbps"] / mc, "p50_us": s["p50_us"]})
-    ep.engine = None
+    ep.engine.close()
     return rows
 
 
@@ -311,7 +311,7 @@ def run_compare(args) -> int:
                             acc[2].append(sum(r_chunk) / sum(t_chunk))  # paired: same moment, same machine
             wait_cpu = wait_cpu_fraction(ep, target.info)
             same_host = same_host_rows(meta.url, ep, target.info, args.rounds)
-            ep.engine = None
+            ep.engine.close()
         finally:
             target.close()
     rows = []
