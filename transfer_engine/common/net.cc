@@ -193,7 +193,11 @@ StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milli
       return Status(ErrorCode::kPeerUnreachable, "connect to " + peer + ": " + strerror(err));
     }
   }
-  SetNonBlocking(fd, false);
+  Status blocking = SetNonBlocking(fd, false);
+  if (!blocking.ok()) {
+    close(fd);
+    return blocking;
+  }
   SetNoDelay(fd);
   return fd;
 }
