@@ -5,13 +5,16 @@ when Bazel's exit code says something failed. Exit status: 1 when anything faile
 """
 
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
 
 def count(root: str):
     passed = failed = skipped = 0
-    for dirpath, _dirs, files in os.walk(root, followlinks=True):
+    for dirpath, dirs, files in os.walk(root, followlinks=True):
+        # run_N_of_M/ folders are left over from earlier --runs_per_test invocations.
+        dirs[:] = [d for d in dirs if not re.fullmatch(r"run_\d+_of_\d+", d)]
         if "test.xml" not in files:
             continue
         try:
