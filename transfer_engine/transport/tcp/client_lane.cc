@@ -287,7 +287,14 @@ void ClientLane::ReadLocked(Outcome* out) {
         rend_ -= rstart_;
         rstart_ = 0;
       }
-      ssize_t n = RecvLocked(reinterpret_cast<char*>(rbuf_) + rend_, sizeof(rbuf_) - rend_, out);
+      // Before a large READ payload, take just the header: the payload then lands straight in (and aligned
+      // to) the caller's memory instead of partly through this buffer.
+      size_t want = sizeof(rbuf_) - rend_;
+      if (send_index_ > 0 && pending_.front().slice->opcode == OpCode::kRead &&
+          pending_.front().slice->length >= sizeof(rbuf_)) {
+        want = std::min(want, kResponseHeaderSize - (rend_ - rstart_));
+      }
+      ssize_t n = RecvLocked(reinterpret_cast<char*>(rbuf_) + rend_, want, out);
       if (n <= 0) return;
       rend_ += static_cast<size_t>(n);
       continue;
