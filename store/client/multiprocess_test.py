@@ -11,7 +11,7 @@ from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 from mooncake.store.client.store_worker import pattern
 from mooncake.store.client.testing import StoreWorker
 from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.testing import MasterProcess
+from mooncake.store.master.testing import MasterProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20
 FAST = ("--client_ttl=1", "--monitor_interval_ms=50", "--default_kv_lease_ttl=200")
@@ -19,16 +19,7 @@ FAST = ("--client_ttl=1", "--monitor_interval_ms=50", "--default_kv_lease_ttl=20
 
 @pytest.fixture
 def cluster():
-    started = []
-
-    def start(kind, *args, **kw):
-        p = kind(*args, **kw)
-        started.append(p)
-        return p
-
-    yield start
-    for p in reversed(started):
-        p.stop()
+    yield from process_starter()
 
 
 def test_cross_process_put_get_and_placement(cluster):

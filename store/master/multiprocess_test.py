@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.testing import MasterProcess, WorkerProcess
+from mooncake.store.master.testing import MasterProcess, WorkerProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20
 FAST = ("--client_ttl=1", "--monitor_interval_ms=50")
@@ -18,16 +18,7 @@ FAST = ("--client_ttl=1", "--monitor_interval_ms=50")
 
 @pytest.fixture
 def procs():
-    started = []
-
-    def start(kind, *args, **kw):
-        p = kind(*args, **kw)
-        started.append(p)
-        return p
-
-    yield start
-    for p in reversed(started):
-        p.stop()
+    yield from process_starter()
 
 
 def status(master):

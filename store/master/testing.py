@@ -126,3 +126,18 @@ class WorkerProcess:
             except (OSError, TimeoutError, RuntimeError, ValueError):
                 pass
         stop_process(self.proc, 3)
+
+
+def process_starter():
+    """Generator behind the `procs`/`cluster` pytest fixtures: yields start(kind, *args, **kw), which starts a
+    process harness (MasterProcess, WorkerProcess, StoreWorker ...) and stops every one started, newest first."""
+    started = []
+
+    def start(kind, *args, **kw):
+        p = kind(*args, **kw)
+        started.append(p)
+        return p
+
+    yield start
+    for p in reversed(started):
+        p.stop()
