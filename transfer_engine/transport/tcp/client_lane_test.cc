@@ -107,5 +107,17 @@ TEST(ClientLaneTest, EnqueueAfterShutdownAbortCompletesWithError) {
   close(*listen_fd);
 }
 
+// The transport never connects (which can block) on an epoll thread; it tells them apart by this flag.
+TEST(IoLoopTest, KnowsItsOwnThreads) {
+  IoLoop loop("flag-test");
+  ASSERT_TRUE(loop.Start(nullptr, std::chrono::milliseconds(100)).ok());
+  std::atomic<int> seen{-1};
+  loop.Post([&] { seen = IoLoop::OnAnyLoopThread() ? 1 : 0; });
+  for (int i = 0; i < 500 && seen < 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(seen.load(), 1);
+  EXPECT_FALSE(IoLoop::OnAnyLoopThread());
+  loop.Stop();
+}
+
 }  // namespace
 }  // namespace mooncake::te::tcp

@@ -77,7 +77,14 @@ void IoLoop::Post(std::function<void()> fn) {
   (void)unused;
 }
 
+namespace {
+thread_local bool t_on_loop_thread = false;
+}  // namespace
+
+bool IoLoop::OnAnyLoopThread() { return t_on_loop_thread; }
+
 void IoLoop::Run() {
+  t_on_loop_thread = true;
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];

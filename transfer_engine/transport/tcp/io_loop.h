@@ -38,6 +38,8 @@ class IoLoop {
   /// Runs `fn` on the loop thread soon.
   void Post(std::function<void()> fn);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  /// Whether the calling thread is any IoLoop's thread (where nothing may block).
+  static bool OnAnyLoopThread();
 
  private:
   void Run();

@@ -188,30 +188,57 @@ size_t TcpTransport::LaneWindow(const PeerPath& path) const {
 }
 
 void TcpTransport::ProbeLoop() {
+  auto next_probe = std::chrono::steady_clock::now() + config_->tcp_probe_interval;
   std::unique_lock lock(probe_mu_);
-  while (!probe_cv_.wait_for(lock, config_->tcp_probe_interval, [&] { return stopped_.load(); })) {
+  while (!stopped_.load()) {
+    probe_cv_.wait_until(lock, next_probe, [&] { return stopped_.load() || dispatch_pending_; });
+    if (stopped_.load()) break;
+    bool dispatch = dispatch_pending_;
+    dispatch_pending_ = false;
     lock.unlock();
-    std::vector<PeerPath*> down;
-    {
-      std::lock_guard plock(peers_mu_);
-      for (auto& [key, peer] : peers_) {
-        for (auto& path : peer->paths) {
-          if (path->down.load()) down.push_back(path.get());
+    if (dispatch) {  // connections an epoll thread needed but must not make itself
+      std::vector<Peer*> peers;
+      {
+        std::lock_guard plock(peers_mu_);
+        for (auto& [key, peer] : peers_) {
+          if (peer->dispatch_requested.exchange(false)) peers.push_back(peer.get());
         }
       }
+      for (Peer* peer : peers) Dispatch(peer);
     }
-    for (PeerPath* path : down) {
-      if (stopped_.load()) break;
-      auto timeout = std::min(config_->handshake_connect_timeout, std::chrono::milliseconds(1000));
-      auto fd = net::Connect(path->remote_ip, path->port, timeout, path->local_ip);
-      if (!fd.ok()) continue;
-      close(*fd);
-      path->down.store(false);
-      MC_LOG(kInfo) << "path " << path->label << " is reachable again; back in service";
-      Dispatch(path->peer);
+    if (std::chrono::steady_clock::now() >= next_probe) {
+      next_probe = std::chrono::steady_clock::now() + config_->tcp_probe_interval;
+      std::vector<PeerPath*> down;
+      {
+        std::lock_guard plock(peers_mu_);
+        for (auto& [key, peer] : peers_) {
+          for (auto& path : peer->paths) {
+            if (path->down.load()) down.push_back(path.get());
+          }
+        }
+      }
+      for (PeerPath* path : down) {
+        if (stopped_.load()) break;
+        auto timeout = std::min(config_->handshake_connect_timeout, std::chrono::milliseconds(1000));
+        auto fd = net::Connect(path->remote_ip, path->port, timeout, path->local_ip);
+        if (!fd.ok()) continue;
+        close(*fd);
+        path->down.store(false);
+        MC_LOG(kInfo) << "path " << path->label << " is reachable again; back in service";
+        Dispatch(path->peer);
+      }
     }
     lock.lock();
   }
+}
+
+void TcpTransport::RequestDispatch(Peer* peer) {
+  peer->dispatch_requested.store(true);
+  {
+    std::lock_guard lock(probe_mu_);
+    dispatch_pending_ = true;
+  }
+  probe_cv_.notify_all();
 }
 
 void TcpTransport::Describe(nlohmann::json& descriptor) const {
@@ -298,6 +325,11 @@ void TcpTransport::Refill(ClientLane* lane) {
   auto* path = static_cast<PeerPath*>(lane->path());
   if (path->down.load() || stopped_.load()) return;
   Peer* peer = path->peer;
+  if (!lane->connected() && IoLoop::OnAnyLoopThread()) {
+    // Connecting may block for the connect timeout: never on an epoll thread. The prober thread does it.
+    RequestDispatch(peer);
+    return;
+  }
   std::vector<Slice*> take;
   {
     std::lock_guard lock(peer->mu);

@@ -66,6 +66,7 @@ class TcpTransport : public Transport, private LaneOwner {
     std::mutex mu;              // guards queue
     std::deque<Slice*> queue;   // slices waiting for a connection with room
     std::atomic<uint32_t> next{0};
+    std::atomic<bool> dispatch_requested{false};  // a loop thread needs a connection made: the prober does it
   };
   class Acceptor;
 
@@ -82,6 +83,8 @@ class TcpTransport : public Transport, private LaneOwner {
   /// path is left.
   void Dispatch(Peer* peer);
   void Refill(ClientLane* lane);
+  /// Asks the prober thread to run Dispatch(peer) (used where connecting would block an epoll thread).
+  void RequestDispatch(Peer* peer);
   size_t LaneWindow(const PeerPath& path) const;
   void SampleRates(std::chrono::steady_clock::time_point now);
   void MarkDown(PeerPath* path, const Status& why);
@@ -109,6 +112,7 @@ class TcpTransport : public Transport, private LaneOwner {
 
   std::mutex probe_mu_;
   std::condition_variable probe_cv_;
+  bool dispatch_pending_ = false;  // guarded by probe_mu_
   std::thread prober_;
 };
 
