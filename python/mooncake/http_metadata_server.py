@@ -59,6 +59,17 @@ class MetadataStore:
             return sorted(self._data)
 
 
+def send_reply(handler: http.server.BaseHTTPRequestHandler, code: int, body: bytes | str,
+               content_type: str = "text/plain") -> None:
+    """Writes one complete HTTP/1.1 response (with Content-Length, so keep-alive works)."""
+    data = body.encode() if isinstance(body, str) else body
+    handler.send_response(code)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "mooncake-metadata/1"
     protocol_version = "HTTP/1.1"  # keep-alive: engines reuse one connection
@@ -71,12 +82,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         _log.debug("%s %s", self.address_string(), fmt % args)
 
     def _reply(self, code: int, body: bytes | str, content_type: str = "text/plain") -> None:
-        data = body.encode() if isinstance(body, str) else body
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_reply(self, code, body, content_type)
 
     def _route(self) -> str | None:
         """Returns the key for /metadata requests (replying 400/404 itself when invalid), else None."""

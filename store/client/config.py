@@ -18,6 +18,7 @@ import os
 import re
 
 from mooncake.store.master.errors import ErrorCode
+from mooncake.store.master.objects import ReplicaStatus  # noqa: F401  (re-exported: one definition)
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
@@ -61,15 +62,6 @@ class ObjectDataType(enum.IntEnum):
     OPTIMIZER_STATE = 7
     METADATA = 8
     GENERAL = 9
-
-
-class ReplicaStatus(enum.IntEnum):
-    UNDEFINED = 0
-    INITIALIZED = 1
-    PROCESSING = 2
-    COMPLETE = 3
-    REMOVED = 4
-    FAILED = 5
 
 
 class ReplicateConfig:

@@ -43,7 +43,6 @@ from mooncake.store.client.config import ReplicateConfig, SetupConfig
 from mooncake.store.client.memory import RegisteredRanges, StagingPool
 from mooncake.store.master.errors import ErrorCode, code_name
 from mooncake.store.master.master_client import MasterClient, segment as make_segment
-from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake.store import MooncakeDistributedStore
 from mooncake.store.client.store_worker import pattern
 from mooncake.store.client.testing import StoreWorker
 from mooncake.store.master.errors import ErrorCode as E

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
-import traceback
 
 import numpy as np
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake.store.master.testing import serve_json_lines
 
 
 def pattern(size: int, seed: int) -> bytes:
@@ -88,17 +87,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     store = MooncakeDistributedStore()
     code = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, args.buffer, "tcp", "", args.master)
-    print(json.dumps({"ready": True, "code": code, "hostname": store.get_hostname()}), flush=True)
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            if req.get("op") == "exit":
-                print(json.dumps({"ok": True}), flush=True)
-                break
-            out = _handle(store, req)
-        except Exception as e:  # report and keep serving
-            out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-        print(json.dumps(out), flush=True)
+    serve_json_lines(lambda req: _handle(store, req),
+                     {"ready": True, "code": code, "hostname": store.get_hostname()})
     store.close()
     return 0
 

@@ -21,6 +21,7 @@ import logging
 import threading
 import urllib.parse
 
+from mooncake.http_metadata_server import send_reply
 from mooncake.store.master.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.master.admin")
@@ -44,12 +45,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _reply(self, code: int, body, content_type: str = "application/json") -> None:
         if isinstance(body, (dict, list)):
             body = json.dumps(body, indent=1)
-        data = body.encode() if isinstance(body, str) else body
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_reply(self, code, body, content_type)
 
     def do_GET(self) -> None:
         svc = self.server.service  # type: ignore[attr-defined]

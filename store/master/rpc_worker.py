@@ -21,13 +21,13 @@ The first line written is {"ready": true, "client_id": ...} once the channel is 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import grpc
 
 from mooncake.store.master.master_client import MasterClient, segment
+from mooncake.store.master.testing import serve_json_lines
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 
@@ -160,19 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     client = MasterClient(args.master, args.client_id, timeout=20.0)
     client.wait_ready(timeout=20.0)
-    print(json.dumps({"ready": True, "client_id": client.client_id}), flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            if req.get("op") == "exit":
-                print(json.dumps({"ok": True}), flush=True)
-                break
-            out = handle(client, req)
-        except Exception as e:  # report and keep serving: the driver decides what a failure means
-            out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(out), flush=True)
+    serve_json_lines(lambda req: handle(client, req), {"ready": True, "client_id": client.client_id})
     client.close()
     return 0
 

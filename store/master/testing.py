@@ -141,3 +141,23 @@ def process_starter():
     yield start
     for p in reversed(started):
         p.stop()
+
+
+def serve_json_lines(handle, ready: dict) -> None:
+    """The worker side of the harnesses above: prints `ready`, then answers each JSON request line on stdin
+    with handle(request) (a failure is reported, not fatal) until {"op": "exit"} or end of input."""
+    import traceback
+
+    print(json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if req.get("op") == "exit":
+                print(json.dumps({"ok": True}), flush=True)
+                break
+            out = handle(req)
+        except Exception as e:  # report and keep serving: the driver decides what a failure means
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(json.dumps(out), flush=True)
