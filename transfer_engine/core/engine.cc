@@ -2,14 +2,12 @@
 
 #include <unistd.h>
 
-#include <condition_variable>
 #include <deque>
 #include <random>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
-#include <thread>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +15,7 @@
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
+#include "transfer_engine/common/work_queue.h"
 #include "transfer_engine/core/batch.h"
 #include "transfer_engine/core/managed_memory.h"
 #include "transfer_engine/core/memory_registry.h"
@@ -29,46 +28,6 @@
 namespace mooncake::te {
 namespace {
 
-
-/// Runs queued jobs on one background thread (notifications that must not block I/O threads).
-class Worker {
- public:
-  Worker() : thread_([this] { Run(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void Run() {
-    std::unique_lock lock(mu_);
-    while (true) {
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      auto fn = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -92,7 +51,7 @@ class TransferEngine::Impl {
   std::vector<std::unique_ptr<Transport>> transports_;
   RpcServer rpc_;
   std::unique_ptr<ManagedMemory> managed_;
-  std::unique_ptr<Worker> worker_;
+  std::unique_ptr<WorkQueue> worker_;  // one thread: notifications that must not block I/O threads
   bool shut_down_ = false;
 
   // Segments: handles and the descriptor cache.
@@ -195,7 +154,7 @@ Status TransferEngine::Impl::Init() {
   ctx.device_filter = options_.device_filter.empty() ? config_.nic_filter : options_.device_filter;
   for (auto& t : transports_) MC_RETURN_IF_ERROR(t->Start(ctx));
 
-  worker_ = std::make_unique<Worker>();
+  worker_ = std::make_unique<WorkQueue>(1);
   managed_ = std::make_unique<ManagedMemory>(
       [this](void* addr, size_t len, int memfd) {
         return memory_.Register(reinterpret_cast<uint64_t>(addr), len, "*", true, memfd, 0);

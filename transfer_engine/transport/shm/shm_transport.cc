@@ -71,19 +71,12 @@ Status ShmTransport::Start(const TransportContext& ctx) {
     long long s = atoll(v);
     if (s >= 4096) slice_size_ = static_cast<size_t>(s);
   }
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Worker(); });
+  workers_ = std::make_unique<WorkQueue>(threads);
   return Status::Ok();
 }
 
 void ShmTransport::Stop() {
-  {
-    std::lock_guard lock(jobs_mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  jobs_cv_.notify_all();
-  for (auto& w : workers_) w.join();  // workers finish the queue first: every slice completes
-  workers_.clear();
+  if (workers_) workers_->Stop();  // the workers finish the queue first: every slice completes
   std::lock_guard lock(mu_);
   peers_.clear();
 }
@@ -252,32 +245,13 @@ void ShmTransport::Copy(const SegmentDescriptor& desc, const std::vector<Slice*>
 
 void ShmTransport::Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) {
   if (slices.empty()) return;
-  {
-    std::lock_guard lock(jobs_mu_);
-    if (!stopping_) {
-      jobs_.push_back({std::make_shared<SegmentDescriptor>(peer), slices});
-      jobs_cv_.notify_one();
-      return;
-    }
-  }
+  auto desc = std::make_shared<SegmentDescriptor>(peer);
+  if (workers_ && workers_->Post([this, desc, slices] { Copy(*desc, slices); })) return;
   for (Slice* s : slices) s->Complete(Status(ErrorCode::kSocket, "transfer engine is shutting down"));
 }
 
 void ShmTransport::SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) {
   Copy(peer, slices);
-}
-
-void ShmTransport::Worker() {
-  std::unique_lock lock(jobs_mu_);
-  while (true) {
-    jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-    if (jobs_.empty()) return;
-    Job job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    Copy(*job.peer, job.slices);
-    lock.lock();
-  }
 }
 
 void ShmTransport::ForgetPeer(const std::string& segment_name) {

@@ -2,15 +2,13 @@
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_SHM_SHM_TRANSPORT_H_
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "transfer_engine/common/work_queue.h"
 #include "transfer_engine/transport/transport.h"
 
 namespace mooncake::te::shm {
@@ -56,10 +54,6 @@ class ShmTransport : public Transport {
     std::shared_ptr<Mapping> epoch;                    // the peer's registration epoch page
     uint64_t bytes = 0, slices = 0, errors = 0, mapped_copies = 0, attach_copies = 0;
   };
-  struct Job {
-    std::shared_ptr<const SegmentDescriptor> peer;
-    std::vector<Slice*> slices;
-  };
 
   Peer& PeerFor(const SegmentDescriptor& desc) const;  // mu_ held
   void Copy(const SegmentDescriptor& desc, const std::vector<Slice*>& slices);
@@ -67,7 +61,6 @@ class ShmTransport : public Transport {
   /// kStaleMetadata when the peer unregistered memory after `desc` was fetched (its epoch page moved on).
   Status CheckEpoch(const SegmentDescriptor& desc);
   StatusOr<std::shared_ptr<Mapping>> MapBuffer(const SegmentDescriptor& desc, const BufferDescriptor& buf);
-  void Worker();
 
   TransportContext ctx_;
   size_t slice_size_ = 64 << 20;
@@ -75,11 +68,7 @@ class ShmTransport : public Transport {
   mutable std::mutex mu_;  // guards peers_
   mutable std::map<std::string, Peer> peers_;  // by peer instance id
 
-  std::mutex jobs_mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<Job> jobs_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<WorkQueue> workers_;  // MC_SHM_THREADS threads for asynchronous batches
 };
 
 }  // namespace mooncake::te::shm
