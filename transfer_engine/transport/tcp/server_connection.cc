@@ -68,6 +68,22 @@ void ServerConnection::QueueResponse(FrameStatus status, uint64_t seq, const cha
   out_.push_back(std::move(o));
 }
 
+ssize_t ServerConnection::RecvSome(char* dst, size_t len, const char* eof_why) {
+  while (true) {
+    ssize_t n = recv(fd_, dst, len, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) {
+      Close(eof_why);
+      return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    if (errno != EINTR) {
+      Close(std::string("recv: ") + strerror(errno));
+      return -1;
+    }
+  }
+}
+
 bool ServerConnection::ReadRequests() {
   paused_ = false;
   while (fd_ >= 0) {
@@ -98,17 +114,8 @@ bool ServerConnection::ReadRequests() {
           dst = discard_.get();
           want = std::min(want, kDiscardChunk);
         }
-        ssize_t n = recv(fd_, dst, want, MSG_DONTWAIT);
-        if (n == 0) {
-          Close("peer closed the connection in the middle of a frame");
-          return false;
-        }
-        if (n < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-          if (errno == EINTR) continue;
-          Close(std::string("recv: ") + strerror(errno));
-          return false;
-        }
+        ssize_t n = RecvSome(dst, want, "peer closed the connection in the middle of a frame");
+        if (n <= 0) return n == 0;
         got = static_cast<size_t>(n);
       }
       if (write_dst_) write_dst_ += got;
@@ -131,17 +138,9 @@ bool ServerConnection::ReadRequests() {
         rend_ -= rstart_;
         rstart_ = 0;
       }
-      ssize_t n = recv(fd_, rbuf_ + rend_, sizeof(rbuf_) - rend_, MSG_DONTWAIT);
-      if (n == 0) {
-        Close(rend_ > rstart_ ? "peer closed the connection in the middle of a frame header" : "");
-        return false;
-      }
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        if (errno == EINTR) continue;
-        Close(std::string("recv: ") + strerror(errno));
-        return false;
-      }
+      ssize_t n = RecvSome(reinterpret_cast<char*>(rbuf_) + rend_, sizeof(rbuf_) - rend_,
+                           rend_ > rstart_ ? "peer closed the connection in the middle of a frame header" : "");
+      if (n <= 0) return n == 0;
       rend_ += static_cast<size_t>(n);
       continue;
     }

@@ -1,6 +1,8 @@
 #ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TCP_SERVER_CONNECTION_H_
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TCP_SERVER_CONNECTION_H_
 
+#include <sys/types.h>
+
 #include <deque>
 #include <functional>
 #include <memory>
@@ -40,6 +42,8 @@ class ServerConnection : public EventHandler {
   };
 
   bool ReadRequests();  // false when the connection was closed
+  /// recv() into dst: bytes read (> 0), 0 when nothing is available, -1 after closing (EOF: `eof_why`).
+  ssize_t RecvSome(char* dst, size_t len, const char* eof_why);
   bool Flush();
   void QueueResponse(FrameStatus status, uint64_t seq, const char* payload, size_t len, RegionPin pin);
 
