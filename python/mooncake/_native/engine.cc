@@ -69,6 +69,31 @@ std::optional<Notification> ToNotification(nb::handle notify) {
   return nb::cast<Notification>(notify);
 }
 
+// The transfer entry points. Arguments are converted with the GIL held; the transfer runs without it.
+// transport_hint is accepted for compatibility: the engine picks the transport per request itself.
+int SyncOne(CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer, size_t length, OpCode op,
+            nb::handle notify, const std::string& /*transport_hint*/) {
+  uintptr_t addr = AddressOf(buffer, length, op == OpCode::kRead, "buffer");
+  auto n = ToNotification(notify);
+  nb::gil_scoped_release r;
+  return e.TransferSync(target, addr, peer, length, op, n);
+}
+
+int SyncBatch(CompatEngine& e, const std::string& target, nb::sequence buffers, std::vector<uint64_t> peers,
+              std::vector<size_t> lengths, OpCode op, nb::handle notify, const std::string& /*transport_hint*/) {
+  auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
+  auto n = ToNotification(notify);
+  nb::gil_scoped_release r;
+  return e.BatchTransferSync(target, addrs, peers, lengths, op, n);
+}
+
+uint64_t AsyncBatch(CompatEngine& e, const std::string& target, nb::sequence buffers, std::vector<uint64_t> peers,
+                    std::vector<size_t> lengths, OpCode op, const std::string& /*transport_hint*/) {
+  auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
+  nb::gil_scoped_release r;
+  return e.BatchTransferAsync(target, addrs, peers, lengths, op);
+}
+
 }  // namespace
 
 void RegisterEngine(nb::module_& m) {
@@ -128,70 +153,35 @@ void RegisterEngine(nb::module_& m) {
              return e.BatchUnregisterMemory(addrs);
            }, "buffer_addresses"_a);
 
-  auto sync = [](OpCode op) {
-    return [op](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer, size_t length,
-                const std::string& /*transport_hint*/) {
-      uintptr_t addr = AddressOf(buffer, length, op == OpCode::kRead, "buffer");
-      nb::gil_scoped_release r;
-      return e.TransferSync(target, addr, peer, length, op, std::nullopt);
-    };
-  };
-  engine.def("transfer_sync_write", sync(OpCode::kWrite), "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a,
-             "length"_a, "transport_hint"_a = "")
-      .def("transfer_sync_read", sync(OpCode::kRead), "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a,
-           "length"_a, "transport_hint"_a = "")
-      .def("transfer_sync", [](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer,
-                               size_t length, OpCode op, nb::handle notify, const std::string&) {
-             uintptr_t addr = AddressOf(buffer, length, op == OpCode::kRead, "buffer");
-             auto n = ToNotification(notify);
-             nb::gil_scoped_release r;
-             return e.TransferSync(target, addr, peer, length, op, n);
-           }, "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a, "length"_a, "opcode"_a,
-           "notify"_a = nb::none(), "transport_hint"_a = "");
-
-  auto batch_sync = [](OpCode op) {
-    return [op](CompatEngine& e, const std::string& target, nb::sequence buffers, std::vector<uint64_t> peers,
-                std::vector<size_t> lengths, const std::string&) {
-      auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
-      nb::gil_scoped_release r;
-      return e.BatchTransferSync(target, addrs, peers, lengths, op, std::nullopt);
-    };
-  };
-  engine.def("batch_transfer_sync_write", batch_sync(OpCode::kWrite), "target_hostname"_a, "buffers"_a,
-             "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
-      .def("batch_transfer_sync_read", batch_sync(OpCode::kRead), "target_hostname"_a, "buffers"_a,
-           "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
-      .def("batch_transfer_sync", [](CompatEngine& e, const std::string& target, nb::sequence buffers,
-                                     std::vector<uint64_t> peers, std::vector<size_t> lengths, OpCode op,
-                                     nb::handle notify, const std::string&) {
-             auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
-             auto n = ToNotification(notify);
-             nb::gil_scoped_release r;
-             return e.BatchTransferSync(target, addrs, peers, lengths, op, n);
-           }, "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a, "lengths"_a, "opcode"_a,
-           "notify"_a = nb::none(), "transport_hint"_a = "");
-
-  auto batch_async = [](OpCode op) {
-    return [op](CompatEngine& e, const std::string& target, nb::sequence buffers, std::vector<uint64_t> peers,
-                std::vector<size_t> lengths, const std::string&) {
-      auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
-      nb::gil_scoped_release r;
-      return e.BatchTransferAsync(target, addrs, peers, lengths, op);
-    };
-  };
-  engine.def("batch_transfer_async_write", batch_async(OpCode::kWrite), "target_hostname"_a, "buffers"_a,
-             "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
-      .def("batch_transfer_async_read", batch_async(OpCode::kRead), "target_hostname"_a, "buffers"_a,
-           "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "")
-      .def("batch_transfer_async", [](CompatEngine& e, const std::string& target, nb::sequence buffers,
-                                      std::vector<uint64_t> peers, std::vector<size_t> lengths, OpCode op,
-                                      const std::string&) {
-             auto addrs = Addresses(buffers, lengths, op == OpCode::kRead);
-             nb::gil_scoped_release r;
-             return e.BatchTransferAsync(target, addrs, peers, lengths, op);
-           }, "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a, "lengths"_a, "opcode"_a,
-           "transport_hint"_a = "")
-      .def("transfer_submit_write", [](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer,
+  // transfer_sync / batch_transfer_sync / batch_transfer_async take the opcode; their _write/_read forms fix it.
+  engine.def("transfer_sync", &SyncOne, "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a, "length"_a,
+             "opcode"_a, "notify"_a = nb::none(), "transport_hint"_a = "");
+  engine.def("batch_transfer_sync", &SyncBatch, "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a,
+             "lengths"_a, "opcode"_a, "notify"_a = nb::none(), "transport_hint"_a = "");
+  engine.def("batch_transfer_async", &AsyncBatch, "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a,
+             "lengths"_a, "opcode"_a, "transport_hint"_a = "");
+  for (auto [suffix, op] : {std::pair{"write", OpCode::kWrite}, std::pair{"read", OpCode::kRead}}) {
+    const std::string w(suffix);
+    engine.def(("transfer_sync_" + w).c_str(),
+               [op = op](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer,
+                         size_t length, const std::string& hint) {
+                 return SyncOne(e, target, buffer, peer, length, op, nb::none(), hint);
+               },
+               "target_hostname"_a, "buffer"_a, "peer_buffer_address"_a, "length"_a, "transport_hint"_a = "");
+    engine.def(("batch_transfer_sync_" + w).c_str(),
+               [op = op](CompatEngine& e, const std::string& target, nb::sequence buffers,
+                         std::vector<uint64_t> peers, std::vector<size_t> lengths, const std::string& hint) {
+                 return SyncBatch(e, target, buffers, std::move(peers), std::move(lengths), op, nb::none(), hint);
+               },
+               "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "");
+    engine.def(("batch_transfer_async_" + w).c_str(),
+               [op = op](CompatEngine& e, const std::string& target, nb::sequence buffers,
+                         std::vector<uint64_t> peers, std::vector<size_t> lengths, const std::string& hint) {
+                 return AsyncBatch(e, target, buffers, std::move(peers), std::move(lengths), op, hint);
+               },
+               "target_hostname"_a, "buffers"_a, "peer_buffer_addresses"_a, "lengths"_a, "transport_hint"_a = "");
+  }
+  engine.def("transfer_submit_write", [](CompatEngine& e, const std::string& target, nb::handle buffer, uint64_t peer,
                                        size_t length, const std::string&) {
              uintptr_t addr = AddressOf(buffer, length, false, "buffer");
              nb::gil_scoped_release r;
