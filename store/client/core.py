@@ -374,27 +374,27 @@ class StoreCore:
             return [code] * len(keys)
         sizes = [sum(n for _, n in src) for src in sources]
         results = [OK] * len(keys)
-        todo = []
+        to_put = []
         for i, (k, size) in enumerate(zip(keys, sizes)):
             why = key_error(k) or (None if size > 0 else "value must not be empty")
             if why:
                 _log.error("put: %s", why)
                 results[i] = int(ErrorCode.INVALID_PARAMS)
             else:
-                todo.append(i)
-        if not todo:
+                to_put.append(i)
+        if not to_put:
             return results
         if upsert:
-            self._cache_drop(keys[i] for i in todo)
+            self._cache_drop(keys[i] for i in to_put)
         prefix = "BatchUpsert" if upsert else "BatchPut"
-        reply = self._rpc(prefix + "Start", keys=[keys[i] for i in todo], sizes=[sizes[i] for i in todo],
+        reply = self._rpc(prefix + "Start", keys=[keys[i] for i in to_put], sizes=[sizes[i] for i in to_put],
                           config=config.to_proto(self._segment_name))
         if isinstance(reply, int):
-            for i in todo:
+            for i in to_put:
                 results[i] = reply
             return results
         ops, releases, started = [], [], []
-        for i, r in zip(todo, reply.results):
+        for i, r in zip(to_put, reply.results):
             if r.code == _ALREADY:
                 continue
             if r.code != OK or not r.replicas:
