@@ -23,6 +23,12 @@ client (readers may see the new value), and a master restart (detected within on
 cache is dropped). This client's own remove/upsert/remove_* drop the affected entries at once; a failed
 read through a cached entry drops it and retries once with a fresh lookup. Cache hits do not extend leases.
 
+SSD tier (``enable_ssd_offload``): puts are also written to files (ssd.py) that the master records as
+LOCAL_DISK replicas of this client; this client serves them to readers (disk_serve.py) and re-reports its
+files after a restart or a remount. A read whose object only has a disk replica asks its owner (this
+client: a file read) and pulls the bytes from the owner's staging memory; the owner says when the object
+became hot and the reader then gives it a memory replica again (PutStart ``promote``).
+
 Threading: every public method may be called from several threads once ``setup`` returned.
 """
 
@@ -43,6 +49,7 @@ from mooncake.store.client.config import ReplicateConfig, SetupConfig
 from mooncake.store.client.memory import RegisteredRanges, StagingPool
 from mooncake.store.master.errors import ErrorCode, code_name
 from mooncake.store.master.master_client import MasterClient, segment as make_segment
+from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")
 
@@ -53,6 +60,9 @@ CACHE_MARGIN = 0.25
 CACHE_MAX_ENTRIES = 1 << 16
 MAX_KEY_BYTES = 4096
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+_NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+_LOCAL_DISK = pb.REPLICA_TYPE_LOCAL_DISK
+_REPORT_CHUNK = 4096  # disk objects per NotifyOffloadSuccess
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
@@ -78,12 +88,14 @@ def key_error(key) -> str | None:
 
 
 class _Entry:
-    __slots__ = ("size", "replicas", "expiry")
+    """A looked-up object: memory replicas (``replicas``), LOCAL_DISK ones (``disk``), lease deadline."""
+    __slots__ = ("size", "replicas", "expiry", "disk")
 
-    def __init__(self, size: int, replicas, expiry: float) -> None:
+    def __init__(self, size: int, replicas, expiry: float, disk=()) -> None:
         self.size = size
         self.replicas = replicas
         self.expiry = expiry
+        self.disk = disk
 
 
 class StoreCore:
@@ -102,6 +114,8 @@ class StoreCore:
         self._view = 0
         self._tasks = None
         self._disk = None  # ssd.DiskTier when enable_ssd_offload
+        self._disk_server = None  # disk_serve.DiskServer (serves self._disk to other clients)
+        self._disk_peers = None  # disk_serve.DiskPeers (reads other clients' disk replicas)
         self._state_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -160,7 +174,8 @@ class StoreCore:
             from mooncake.store.client.config import parse_size
             from mooncake.store.client.ssd import DiskTier
             try:
-                self._disk = DiskTier(cfg.ssd_offload_path, parse_size(os.environ.get("MC_STORE_SSD_CAPACITY", 0)))
+                self._disk = DiskTier(cfg.ssd_offload_path, parse_size(os.environ.get("MC_STORE_SSD_CAPACITY", 0)),
+                                      _DiskReporter(self))
             except (OSError, ValueError) as e:
                 _log.error("setup: SSD tier at %r unusable: %s", cfg.ssd_offload_path, e)
                 return int(ErrorCode.INVALID_PARAMS)
@@ -178,6 +193,23 @@ class StoreCore:
                 return code
         else:
             self._rpc("ReMountSegment", segments=[])  # register as an alive client without memory
+        from mooncake.store.client.disk_serve import DiskPeers, DiskServer, advertised_host
+        self._disk_peers = DiskPeers()
+        if self._disk is not None:
+            try:
+                self._disk_server = DiskServer(self._disk, engine, self._staging, self._segment_name,
+                                               advertised_host(self._segment_name),
+                                               int(os.environ.get("MC_STORE_DISK_RPC_PORT", 0)),
+                                               evicted=lambda k, seq: self._report_evicted([(k, seq)])).start()
+            except OSError as e:
+                _log.error("setup: cannot serve the SSD tier: %s", e)
+                return int(ErrorCode.INVALID_PARAMS)
+            code = self._mount_disk()
+            if code != OK:
+                _log.error("setup: declaring the SSD tier to the master failed: %s", code_name(code))
+                return code
+            self._master.on_remount = self._mount_disk
+            self._master.on_disk_drops = self._on_disk_drops
         self._master.start_heartbeat(float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", 1.0)))
         if self._global[1]:
             from mooncake.store.client.tasks import TaskRunner
@@ -196,9 +228,17 @@ class StoreCore:
         if self._tasks is not None:
             self._tasks.close()
             self._tasks = None
+        if self._disk_server is not None:
+            self._disk_server.close()
+            self._disk_server = None
         if self._disk is not None:
-            self._disk.close()
+            self._disk.close()  # the last writes are reported, then the master forgets the tier (files stay)
             self._disk = None
+            if unmount and self._master is not None:
+                self._rpc("UnmountLocalDisk")
+        if self._disk_peers is not None:
+            self._disk_peers.close()
+            self._disk_peers = None
         if self._master is not None:
             if unmount and self._segment_id:
                 try:
@@ -249,6 +289,46 @@ class StoreCore:
             _log.warning("%s: master RPC failed: %s (%s)", method, code_name(code), e.code())
             return code
 
+    # -- SSD tier: what the master knows of it ---------------------------------------------------------------
+    def _mount_disk(self) -> int:
+        """MountLocalDisk, then every file of the tier again (after setup: the rebuilt index; after a
+        remount: what the master lost). Obsolete files (the object changed meanwhile) are deleted."""
+        disk, server = self._disk, self._disk_server
+        if disk is None or server is None:
+            return OK
+        reply = self._rpc("MountLocalDisk", endpoint=server.endpoint)
+        code = reply if isinstance(reply, int) else reply.code
+        if code != OK:
+            return code
+        objects = disk.entries()
+        stale = []
+        for i in range(0, len(objects), _REPORT_CHUNK):
+            chunk = objects[i:i + _REPORT_CHUNK]
+            reply = self._rpc("NotifyOffloadSuccess", reload=True,
+                              objects=[pb.DiskObject(key=k, size=n, seq=seq) for k, n, seq in chunk])
+            if isinstance(reply, int):
+                return reply
+            stale += [(k, seq) for (k, _, seq), c in zip(chunk, reply.codes) if c == _NOT_FOUND]
+        disk.discard(stale)
+        if objects:
+            _log.info("SSD tier: %d object(s) reported to the master (%d obsolete)", len(objects), len(stale))
+        return OK
+
+    def _report_stored(self, objects: list) -> tuple[list, bool]:
+        reply = self._rpc("NotifyOffloadSuccess",
+                          objects=[pb.DiskObject(key=k, size=n, seq=seq) for k, n, seq in objects])
+        if isinstance(reply, int):
+            return [], reply == NOT_READY  # closed: nothing to retry; RPC failure: offer them again
+        return [(k, seq) for (k, _, seq), c in zip(objects, reply.codes) if c == _NOT_FOUND], True
+
+    def _on_disk_drops(self, objects: list) -> None:
+        disk = self._disk
+        if disk is not None:
+            disk.discard([(o.key, o.seq) for o in objects])
+
+    def _report_evicted(self, objects: list) -> None:
+        self._rpc("EvictDiskReplica", objects=[pb.DiskObject(key=k, seq=seq) for k, seq in objects])
+
     # -- descriptor cache --------------------------------------------------------------------------------------
     def cache_clear(self) -> None:
         with self._cache_lock:
@@ -290,9 +370,13 @@ class StoreCore:
                 out[i] = r.code
                 continue
             ttl = r.lease_ttl_ms / 1000.0
-            e = _Entry(r.size, list(r.replicas), t0 + ttl)
+            reps, disk = list(r.replicas), ()
+            if reps and reps[-1].type == _LOCAL_DISK:
+                disk = [d for d in reps if d.type == _LOCAL_DISK]
+                reps = [d for d in reps if d.type != _LOCAL_DISK]
+            e = _Entry(r.size, reps, t0 + ttl, disk)
             out[i] = e
-            fresh.append((keys[i], _Entry(r.size, e.replicas, t0 + ttl * (1 - CACHE_MARGIN))))
+            fresh.append((keys[i], _Entry(r.size, reps, t0 + ttl * (1 - CACHE_MARGIN), disk)))
         with self._cache_lock:
             for k, e in fresh:
                 self._cache[k] = e
@@ -364,9 +448,10 @@ class StoreCore:
         return regions, lambda: [engine.unregister_memory(d) for d in done]
 
     def put_many(self, keys: list[str], sources: list, registered: bool, config: ReplicateConfig | None,
-                 upsert: bool = False) -> list[int]:
+                 upsert: bool = False, promote: bool = False) -> list[int]:
         """Writes object keys[i] = concatenation of sources[i] (list of (addr, len)). Per-key 0 / negative.
-        An existing key is left unchanged and reported 0 (put); upsert overwrites."""
+        An existing key is left unchanged and reported 0 (put); upsert overwrites. promote: memory replicas
+        for objects that only have a disk replica (not written to this client's SSD tier)."""
         config = config if config is not None else ReplicateConfig()
         code = config.validate()
         if code != OK:
@@ -388,7 +473,7 @@ class StoreCore:
             self._cache_drop(keys[i] for i in to_put)
         prefix = "BatchUpsert" if upsert else "BatchPut"
         reply = self._rpc(prefix + "Start", keys=[keys[i] for i in to_put], sizes=[sizes[i] for i in to_put],
-                          config=config.to_proto(self._segment_name))
+                          config=config.to_proto(self._segment_name), **({"promote": True} if promote else {}))
         if isinstance(reply, int):
             for i in to_put:
                 results[i] = reply
@@ -432,7 +517,7 @@ class StoreCore:
         if bad:
             self._rpc(prefix + "Revoke", keys=bad)
         disk = self._disk
-        if disk is not None:
+        if disk is not None and not promote:
             for i in started:
                 if results[i] == OK:
                     disk.submit(keys[i], b"".join(ctypes.string_at(a, n) for a, n in sources[i]))
@@ -444,6 +529,7 @@ class StoreCore:
         results = [0] * len(keys)
         pending = []  # (index, replica order, pinned regions)
         releases = []
+        on_disk = []  # indices of objects that only have a disk replica
         try:
             for i, e in enumerate(entries):
                 if isinstance(e, int):
@@ -456,7 +542,10 @@ class StoreCore:
                     continue
                 reps = sorted(e.replicas, key=lambda r: r.segment_name != self._segment_name)
                 if not reps:
-                    results[i] = int(ErrorCode.REPLICA_IS_NOT_READY)
+                    if e.disk:
+                        on_disk.append(i)
+                    else:
+                        results[i] = int(ErrorCode.REPLICA_IS_NOT_READY)
                     continue
                 needs_te = any(r.segment_name != self._segment_name for r in reps)
                 pinned = self._pin(_clip(dests[i], e.size), registered, needs_te, write_out=True)
@@ -487,17 +576,67 @@ class StoreCore:
                 release()
         now = time.monotonic()
         for i, e in enumerate(entries):
-            if results[i] >= 0 and not isinstance(e, int) and now > e.expiry:
+            if results[i] >= 0 and not isinstance(e, int) and e.replicas and now > e.expiry:
                 _log.warning("get %r: read lease expired before the transfer finished", keys[i])
                 results[i] = int(ErrorCode.LEASE_EXPIRED)
+        for i in on_disk:  # no lease needed: the owner holds the bytes until we release them
+            results[i] = self._read_disk_replica(keys[i], entries[i], _clip(dests[i], entries[i].size), registered)
         return results
+
+    def _read_disk_replica(self, key: str, e: _Entry, regions: list, registered: bool) -> int:
+        """Reads an object that only has a LOCAL_DISK replica into `regions` (from this client's tier, or
+        from the owner's staging memory); bytes read or a negative code. Promotes a hot object."""
+        rep = e.disk[0]
+        master, disk = self._master, self._disk
+        if disk is not None and master is not None and rep.client_id == master.client_id:
+            got = disk.read(key, rep.disk_seq)
+            if got is None:
+                if disk.lookup(key) is None:  # gone from the tier: make sure the master forgets it
+                    self._report_evicted([(key, rep.disk_seq)])
+                return _NOT_FOUND
+            data, promote = got
+            _scatter(id(data) + _BYTES_DATA, regions)
+            size = len(data)
+        else:
+            peers = self._disk_peers
+            if peers is None:
+                return NOT_READY
+
+            def pull(segment: str, address: int, size: int) -> bool:
+                if size != e.size:
+                    return False
+                pinned = self._pin(regions, registered, True, write_out=True)
+                if pinned is None:
+                    return False
+                local, release = pinned
+                ops, off = [], 0
+                for a, n in local:
+                    ops.append((segment, a, address + off, n, 0))
+                    off += n
+                try:
+                    failed = self._transfer(ops, write=False)
+                finally:
+                    release()
+                return not failed
+            size, promote = peers.read(rep.transport_endpoint, key, rep.disk_seq, pull)
+            if size < 0:
+                return size
+        if promote:
+            code = self.put_many([key], [regions], registered, None, promote=True)[0]
+            self._cache_drop([key])  # the cached disk-only descriptor is outdated now
+            if code == OK:
+                _log.info("SSD tier: %r is hot again, promoted to memory", key)
+            else:
+                _log.debug("SSD tier: promoting %r: %s", key, code_name(code))
+        return size
 
     def fast_read(self, key: str, dests_for, registered: bool) -> int | None:
         """One key whose cached descriptors are live, read from one replica (own segment first), without the
         general path's bookkeeping. Bytes read, a negative code from dests_for, or None: use get_many."""
         master = self._master
         e = self._cache.get(key)
-        if e is None or master is None or master.view_version != self._view or time.monotonic() >= e.expiry:
+        if e is None or not e.replicas or master is None or master.view_version != self._view or \
+                time.monotonic() >= e.expiry:
             return None
         dests = dests_for(0, e.size)
         if isinstance(dests, int):
@@ -527,7 +666,7 @@ class StoreCore:
         segment: memcpy). Bytes read, or None: take the general path (which validates and logs)."""
         e = self._cache.get(key)
         master = self._master
-        if e is None or master is None or master.view_version != self._view or e.size > size or \
+        if e is None or not e.replicas or master is None or master.view_version != self._view or e.size > size or \
                 not isinstance(addr, int) or not self._ranges.contains(addr, e.size):
             return None
         now = time.monotonic()
@@ -550,7 +689,10 @@ class StoreCore:
         the key). Retries once with a fresh lookup for keys whose cached descriptors failed."""
         entries = self._lookup(keys)
         results = self._read_dests(keys, entries, dests_for, registered)
-        stale = [i for i, r in enumerate(results) if r == ErrorCode.TRANSFER_FAIL]
+        # A failed read through a cached (or just superseded) descriptor: look up afresh, once. A disk
+        # replica that its owner no longer has reads as OBJECT_NOT_FOUND and is retried too.
+        stale = [i for i, r in enumerate(results)
+                 if r == ErrorCode.TRANSFER_FAIL or (r == _NOT_FOUND and not isinstance(entries[i], int))]
         if stale:
             self._cache_drop(keys[i] for i in stale)
             again = self._lookup([keys[i] for i in stale])
@@ -558,33 +700,7 @@ class StoreCore:
                                     registered)
             for i, r in zip(stale, redo):
                 results[i] = r
-        if self._disk is not None:
-            self._read_disk(keys, results, dests_for)
         return results
-
-    def _read_disk(self, keys: list[str], results: list, dests_for) -> None:
-        """SSD tier: keys the master does not know are read from their files (and promoted when hot)."""
-        for i, r in enumerate(results):
-            if r != ErrorCode.OBJECT_NOT_FOUND:
-                continue
-            got = self._disk.read(keys[i])
-            if got is None:
-                continue
-            data, promote = got
-            dests = dests_for(i, len(data))
-            if isinstance(dests, int):
-                results[i] = dests
-                continue
-            if sum(n for _, n in dests) < len(data):
-                results[i] = int(ErrorCode.INVALID_PARAMS)
-                continue
-            _scatter(id(data) + _BYTES_DATA, _clip(dests, len(data)))
-            results[i] = len(data)
-            if promote and self.put_many([keys[i]], [[(id(data) + _BYTES_DATA, len(data))]], False, None)[0] == OK:
-                _log.info("SSD tier: %r is hot again, promoted to memory", keys[i])
-
-    def disk_size(self, key: str) -> int | None:
-        return self._disk.size(key) if self._disk is not None else None
 
     def _read_dests(self, keys, entries, dests_for, registered) -> list[int]:
         dests, results = [], [0] * len(keys)
@@ -597,6 +713,19 @@ class StoreCore:
             dests.append(d)
         got = self.read_many(keys, entries, dests, registered)
         return [r if results[i] == 0 else results[i] for i, r in enumerate(got)]
+
+
+class _DiskReporter:
+    """ssd.Reporter of a StoreCore: the tier's reports become master RPCs."""
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+
+    def stored(self, objects):
+        return self._core._report_stored(objects)
+
+    def evicted(self, objects) -> None:
+        self._core._report_evicted(objects)
 
 
 def _noop() -> None:

@@ -3,15 +3,28 @@
 Write path: every successful put/upsert of this client is queued and written by one background thread
 (write-through, so an object the master later evicts from memory is already on disk; a full queue drops
 the write and counts it). Files are written to a temporary name and renamed, so a crash never leaves a
-torn object. Read path: a get the master answers OBJECT_NOT_FOUND (evicted, or a master that restarted)
-reads the file; the PROMOTE_HITS-th disk hit of a key puts it back into memory (asynchronously).
+torn object. After each batch of writes the thread reports the new files (``Reporter.stored``: the client
+sends NotifyOffloadSuccess, and the master records them as LOCAL_DISK replicas) and the files the capacity
+limit deleted (``Reporter.evicted``: EvictDiskReplica). Files the master finds obsolete (the object was
+removed or overwritten) come back through ``discard`` and are deleted by the same thread, so deletions and
+writes of one key never race.
+
+Versions: each file carries ``seq``, increasing per directory (the next one follows the largest found at
+start-up). The master keeps the seq of the file it recorded; reads and deletions name it, so an older
+notice can never delete or serve a newer file.
+
+Read path: ``read`` / ``open_value`` (this client's own gets, and the DiskReplicaService that serves other
+clients, disk_serve.py); the PROMOTE_HITS-th read of a key says "promote": the reader gives the object a
+memory replica again.
 
 Capacity: ``capacity`` bytes (MC_STORE_SSD_CAPACITY, human-readable; default 80 % of the free space of the
 directory at setup); beyond it the least recently used files are deleted. Restart: the index (key, size,
-last use) is rebuilt from the files' headers at start-up, so the tier survives a client restart.
+seq, last use) is rebuilt from the files' headers at start-up (``entries`` lists it for the re-report),
+so the tier survives a client restart.
 
-File format: magic b"MCSSD001", u32 key length, u64 value length, key (UTF-8), value. Name: sha1(key).
-Threading: all methods are thread-safe; ``close`` drains the queue and stops the thread.
+File format: magic b"MCSSD002", u32 key length, u64 value length, u64 seq, key (UTF-8), value. Name:
+sha1(key). Files of another format are ignored (and left alone).
+Threading: all methods are thread-safe; ``close`` drains the queue (reporting) and stops the thread.
 """
 
 from __future__ import annotations
@@ -27,14 +40,29 @@ import struct
 import threading
 
 _log = logging.getLogger("mooncake.store.client.ssd")
-MAGIC = b"MCSSD001"
-_HEAD = struct.Struct("<8sIQ")
+MAGIC = b"MCSSD002"
+_HEAD = struct.Struct("<8sIQQ")
 PROMOTE_HITS = 2
 QUEUE_LIMIT = 1024
+BATCH = 64  # queued items handled (and reported) together
+_RETRY_SEC = 1.0  # reports that failed (master unreachable) are retried this often
+_MAX_UNREPORTED = 1 << 16
+
+
+class Reporter:
+    """What the tier tells its client (which tells the master); the default reports nothing."""
+
+    def stored(self, objects: list[tuple[str, int, int]]) -> tuple[list[tuple[str, int]], bool]:
+        """New files (key, size, seq). Returns (files to delete as obsolete: (key, seq), delivered); not
+        delivered: the same objects are offered again later."""
+        return [], True
+
+    def evicted(self, objects: list[tuple[str, int]]) -> None:
+        """Files (key, seq) the capacity limit deleted."""
 
 
 class DiskTier:
-    def __init__(self, path: str, capacity: int | None = None) -> None:
+    def __init__(self, path: str, capacity: int | None = None, reporter: Reporter | None = None) -> None:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, ".write-probe")
         with open(probe, "wb") as f:  # self-check: the directory is writable
@@ -42,11 +70,15 @@ class DiskTier:
         os.unlink(probe)
         self.path = path
         self.capacity = capacity if capacity else int(shutil.disk_usage(path).free * 0.8)
+        self.reporter = reporter or Reporter()
         self._lock = threading.Lock()
-        self._index: collections.OrderedDict[str, int] = collections.OrderedDict()  # key -> size, LRU order
+        # key -> (size, seq), least recently used first
+        self._index: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
         self._hits: dict[str, int] = {}
+        self._seq = 0
         self.used = 0
         self.dropped = 0
+        self._unreported: list[tuple[str, int, int]] = []
         self._rebuild()
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._thread = threading.Thread(target=self._writer, name="store-ssd", daemon=True)
@@ -66,99 +98,180 @@ class DiskTier:
                 continue
             try:
                 with open(full, "rb") as f:
-                    magic, klen, size = _HEAD.unpack(f.read(_HEAD.size))
+                    magic, klen, size, seq = _HEAD.unpack(f.read(_HEAD.size))
                     key = f.read(klen).decode()
                 if magic != MAGIC or os.path.getsize(full) != _HEAD.size + klen + size:
                     raise ValueError("bad header")
             except (OSError, ValueError, struct.error, UnicodeDecodeError):
                 _log.warning("SSD tier: ignoring unreadable file %s", full)
                 continue
-            entries.append((os.path.getmtime(full), key, size))
-        for _, key, size in sorted(entries):
-            self._index[key] = size
+            entries.append((os.path.getmtime(full), key, size, seq))
+        for _, key, size, seq in sorted(entries):
+            self._index[key] = (size, seq)
             self.used += size
+            self._seq = max(self._seq, seq)
 
     # -- writes ------------------------------------------------------------------------------------------------
     def submit(self, key: str, data: bytes) -> None:
         """Queues `data` as the disk copy of `key` (replacing an older one)."""
         try:
-            self._queue.put_nowait((key, data))
+            self._queue.put_nowait(("write", key, data))
         except queue.Full:
             self.dropped += 1
 
+    def discard(self, objects: list[tuple[str, int]]) -> None:
+        """Queues the deletion of files (key, seq; seq 0: whatever version) the master found obsolete."""
+        if objects:
+            self._queue.put(("discard", objects, None))
+
     def flush(self, timeout: float = 30.0) -> None:
-        """Waits until every queued write is on disk."""
+        """Waits until every queued write is on disk and reported."""
         done = threading.Event()
-        self._queue.put((None, done), timeout=timeout)
+        self._queue.put(("flush", done, None), timeout=timeout)
         done.wait(timeout)
 
     def _writer(self) -> None:
         while True:
-            key, data = self._queue.get()
-            if key is None:
-                if data is None:
-                    return
-                data.set()
-                continue
             try:
-                self._write(key, data)
-            except OSError as e:
-                _log.warning("SSD tier: writing %r failed: %s", key, e)
+                items = [self._queue.get(timeout=_RETRY_SEC)]
+            except queue.Empty:
+                items = []
+            while len(items) < BATCH:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stored, evicted, stop = [], [], False
+            for op, a, b in items:
+                if op == "write":
+                    try:
+                        self._write(a, b, stored, evicted)
+                    except OSError as e:
+                        _log.warning("SSD tier: writing %r failed: %s", a, e)
+                elif op == "discard":
+                    self._delete(a)
+                elif op == "flush":
+                    self._report(stored, evicted)
+                    stored, evicted = [], []
+                    a.set()
+                else:
+                    stop = True
+            self._report(stored, evicted)
+            if stop:
+                return
 
-    def _write(self, key: str, data: bytes) -> None:
+    def _report(self, stored: list, evicted: list) -> None:
+        try:
+            if evicted:
+                self.reporter.evicted(evicted)
+            stored = self._unreported + stored
+            self._unreported = []
+            if stored:
+                obsolete, delivered = self.reporter.stored(stored)
+                if not delivered:
+                    self._unreported = stored[-_MAX_UNREPORTED:]
+                self._delete(obsolete)
+        except Exception:  # a reporter bug must not stop the writer
+            _log.exception("SSD tier: reporting to the master failed")
+
+    def _write(self, key: str, data: bytes, stored: list, evicted: list) -> None:
         if len(data) > self.capacity:
             return
         kb = key.encode()
         path = self._file(key)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
         with open(path + ".tmp", "wb") as f:
-            f.write(_HEAD.pack(MAGIC, len(kb), len(data)))
+            f.write(_HEAD.pack(MAGIC, len(kb), len(data), seq))
             f.write(kb)
             f.write(data)
-        os.replace(path + ".tmp", path)
-        with self._lock:
-            self.used += len(data) - self._index.pop(key, 0)
-            self._index[key] = len(data)
-            victims = []
+        with self._lock:  # rename and index together: a concurrent delete sees one or the other
+            os.replace(path + ".tmp", path)
+            self.used += len(data) - self._index.pop(key, (0, 0))[0]
+            self._index[key] = (len(data), seq)
             while self.used > self.capacity and self._index:
-                k, size = self._index.popitem(last=False)
+                k, (size, s) = self._index.popitem(last=False)
                 self.used -= size
-                victims.append(k)
-        for k in victims:
-            self._unlink(k)
+                self._hits.pop(k, None)
+                self._unlink(k)
+                evicted.append((k, s))
+        stored.append((key, len(data), seq))
+
+    def _delete(self, objects) -> None:
+        with self._lock:
+            for key, seq in objects:
+                entry = self._index.get(key)
+                if entry is None or (seq and entry[1] != seq):
+                    continue
+                del self._index[key]
+                self._hits.pop(key, None)
+                self.used -= entry[0]
+                self._unlink(key)
 
     # -- reads / removal ---------------------------------------------------------------------------------------
     def size(self, key: str) -> int | None:
         with self._lock:
+            entry = self._index.get(key)
+            return None if entry is None else entry[0]
+
+    def lookup(self, key: str) -> tuple[int, int] | None:
+        """(size, seq) of the file of `key`, or None."""
+        with self._lock:
             return self._index.get(key)
 
-    def read(self, key: str) -> tuple[bytes, bool] | None:
-        """(value, promote) or None; promote is True on the PROMOTE_HITS-th read since the last promotion."""
+    def entries(self) -> list[tuple[str, int, int]]:
+        """(key, size, seq) of every file, least recently used first."""
         with self._lock:
-            if key not in self._index:
+            return [(k, size, seq) for k, (size, seq) in self._index.items()]
+
+    def open_value(self, key: str, seq: int = 0):
+        """(file positioned at the value, size, seq, promote) for a read of `key` (version `seq`, 0: any), or
+        None. Counts the read: promote is True on the PROMOTE_HITS-th read since the last promotion. The
+        caller closes the file."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or (seq and entry[1] != seq):
                 return None
+            size, seq = entry
             self._index.move_to_end(key)
             hits = self._hits.get(key, 0) + 1
             self._hits[key] = 0 if hits >= PROMOTE_HITS else hits
         try:
-            with open(self._file(key), "rb") as f:
-                _, klen, size = _HEAD.unpack(f.read(_HEAD.size))
-                f.seek(klen, os.SEEK_CUR)
-                data = f.read(size)
+            f = open(self._file(key), "rb")
         except OSError:
             return None
-        return (data, hits >= PROMOTE_HITS) if len(data) == size else None
+        try:
+            magic, klen, fsize, fseq = _HEAD.unpack(f.read(_HEAD.size))
+            if magic == MAGIC and fsize == size and fseq == seq:
+                f.seek(klen, os.SEEK_CUR)
+                return f, size, seq, hits >= PROMOTE_HITS
+        except (OSError, struct.error):
+            pass
+        f.close()
+        return None
+
+    def read(self, key: str, seq: int = 0) -> tuple[bytes, bool] | None:
+        """(value, promote) or None."""
+        opened = self.open_value(key, seq)
+        if opened is None:
+            return None
+        f, size, _, promote = opened
+        with f:
+            data = f.read(size)
+        return (data, promote) if len(data) == size else None
 
     def remove(self, keys) -> int:
         n = 0
-        for k in keys:
-            with self._lock:
-                size = self._index.pop(k, None)
+        with self._lock:
+            for k in keys:
+                entry = self._index.pop(k, None)
                 self._hits.pop(k, None)
-                if size is None:
+                if entry is None:
                     continue
-                self.used -= size
-            self._unlink(k)
-            n += 1
+                self.used -= entry[0]
+                self._unlink(k)
+                n += 1
         return n
 
     def remove_matching(self, pattern: str | None) -> int:
@@ -174,5 +287,5 @@ class DiskTier:
             pass
 
     def close(self) -> None:
-        self._queue.put((None, None))
+        self._queue.put(("stop", None, None))
         self._thread.join(timeout=30)

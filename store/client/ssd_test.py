@@ -1,15 +1,20 @@
-"""SSD tier against a real master: objects evicted from memory stay readable from disk, hot ones return to
-memory, the tier has a capacity limit, survives a client restart, and removal reaches it."""
+"""SSD tier against a real master: objects evicted from memory stay readable as LOCAL_DISK replicas, by their
+owner and by other client processes (served from the owner's files), hot ones return to memory, the tier
+has a capacity limit and survives a client restart, removal reaches the files, and a dead owner's disk
+replicas read as "not found" without hanging."""
 
+import hashlib
 import os
+import time
 
 import pytest
 
 from mooncake.store import MooncakeDistributedStore
-from mooncake.store.client.ssd import DiskTier
+from mooncake.store.client.ssd import DiskTier, Reporter
 from mooncake.store.client.store_worker import pattern
+from mooncake.store.client.testing import StoreWorker
 from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.testing import MasterProcess
+from mooncake.store.master.testing import MasterProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -21,6 +26,11 @@ def master():
     m.stop()
 
 
+@pytest.fixture
+def cluster():
+    yield from process_starter()
+
+
 def _client(master, path, **kw):
     s = MooncakeDistributedStore()
     cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "global_segment_size": "8MB",
@@ -30,6 +40,19 @@ def _client(master, path, **kw):
     return s
 
 
+def _wait(fn, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        out = fn()
+        if out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
+
+
+def _file(path, key: str):
+    return path / hashlib.sha1(key.encode()).hexdigest()
+
+
 def test_evicted_objects_read_from_disk_and_promoted(master, tmp_path):
     s = _client(master, tmp_path)
     try:
@@ -37,21 +60,28 @@ def test_evicted_objects_read_from_disk_and_promoted(master, tmp_path):
             assert s.put(f"e{i}", pattern(512 * KiB, i)) == 0
         s._disk.flush()
         assert len(os.listdir(tmp_path)) == 40
-        assert s.get_replica_desc("e0") == []           # no memory replica any more
+        descs = s.get_replica_desc("e0")                # only the disk replica is left
+        assert [(d.is_memory_replica(), d.is_local_disk_replica()) for d in descs] == [(False, True)]
+        disk = descs[0].get_disk_descriptor()
+        assert disk.object_size == 512 * KiB and disk.client_id == s._master.client_id
         assert s.is_exist("e0") == 1 and s.get_size("e0") == 512 * KiB
         assert s.get("e0") == pattern(512 * KiB, 0)     # first disk hit
         assert s.get("e0") == pattern(512 * KiB, 0)     # second: promoted back to memory
-        assert len(s.get_replica_desc("e0")) == 1
+        kinds = sorted(d.is_local_disk_replica() for d in s.get_replica_desc("e0"))
+        assert kinds == [False, True]                   # a memory replica again, the disk one stays
         assert s.get_batch(["e1", "e39", "none"]) == [pattern(512 * KiB, 1), pattern(512 * KiB, 39), b""]
+        time.sleep(0.15)                                # the reads' 100 ms leases
         assert s.remove("e2") == 0 and s.get("e2") == b"" and s.remove("e2") == E.OBJECT_NOT_FOUND
-        assert s.remove_by_regex("^e3") >= 0 and s.get("e30") == b""
+        assert not _file(tmp_path, "e2").exists()
+        assert s.remove_by_regex("^e3") >= 1 and s.get("e30") == b""
+        assert _wait(lambda: not _file(tmp_path, "e30").exists())  # told to delete it with a ping
     finally:
         s.remove_all(force=True)
         s.close()
     assert os.listdir(tmp_path) == []
 
 
-def test_disk_tier_survives_restart_and_capacity(master, tmp_path):
+def test_disk_tier_survives_restart(master, tmp_path):
     s = _client(master, tmp_path)
     try:
         assert s.put("keep", b"k" * 3000) == 0
@@ -68,7 +98,8 @@ def test_disk_tier_survives_restart_and_capacity(master, tmp_path):
         s.close()                        # ... while this one only leaves memory with the client's segment
     s = _client(master, tmp_path)
     try:
-        assert s.get("persist") == b"p" * 3000  # index rebuilt from the files
+        assert s.get("persist") == b"p" * 3000  # index rebuilt from the files and reported to the master
+        assert [d.is_local_disk_replica() for d in s.get_replica_desc("persist")] == [True]
     finally:
         s.remove_all(force=True)
         s.close()
@@ -77,7 +108,20 @@ def test_disk_tier_survives_restart_and_capacity(master, tmp_path):
 def test_disk_capacity_and_torn_files(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a tier file")
     (tmp_path / "x.tmp").write_bytes(b"interrupted")
-    d = DiskTier(str(tmp_path), capacity=10 * KiB)
+
+    class Recorder(Reporter):
+        def __init__(self):
+            self.stored_log, self.evicted_log = [], []
+
+        def stored(self, objects):
+            self.stored_log.extend(objects)
+            return [], True
+
+        def evicted(self, objects):
+            self.evicted_log.extend(objects)
+
+    rec = Recorder()
+    d = DiskTier(str(tmp_path), capacity=10 * KiB, reporter=rec)
     try:
         for i in range(5):
             d.submit(f"k{i}", bytes([i]) * (3 * KiB))
@@ -85,6 +129,24 @@ def test_disk_capacity_and_torn_files(tmp_path):
         assert [d.size(f"k{i}") for i in range(5)] == [None, None, 3 * KiB, 3 * KiB, 3 * KiB]
         assert d.used == 9 * KiB and not (tmp_path / "x.tmp").exists()
         assert d.read("k4") == (bytes([4]) * (3 * KiB), False)
+        assert [k for k, _, _ in rec.stored_log] == [f"k{i}" for i in range(5)]
+        assert [k for k, _ in rec.evicted_log] == ["k0", "k1"]
+        seq4 = d.lookup("k4")[1]
+        d.discard([("k4", seq4 + 1)])   # another version: kept
+        d.submit("k3", b"new" * 1000)    # a newer file of k3: an old notice must not delete it
+        d.discard([("k3", [s for k, _, s in rec.stored_log if k == "k3"][0])])
+        d.flush()
+        assert d.read("k4", seq4) is not None and d.read("k4", seq4 + 1) is None
+        assert d.read("k3") == (b"new" * 1000, False)
+        d.discard([("k4", seq4)])
+        d.flush()
+        assert d.size("k4") is None
+    finally:
+        d.close()
+    d = DiskTier(str(tmp_path), capacity=10 * KiB)  # restart: the versions survive
+    try:
+        assert {k for k, _, _ in d.entries()} == {"k2", "k3"}
+        assert max(s for _, _, s in d.entries()) == d._seq  # new files get later versions
     finally:
         d.close()
 
@@ -99,3 +161,70 @@ def test_ssd_setup_errors(master, tmp_path):
                     "master_server_addr": master.address, "enable_ssd_offload": True,
                     "ssd_offload_path": str(blocker / "sub")}) == E.INVALID_PARAMS
     assert s.health_check() == 1
+
+
+# -- several client processes ------------------------------------------------------------------------------------
+FAST = ("--client_ttl=1", "--monitor_interval_ms=50", "--default_kv_lease_ttl=200",
+        "--eviction_high_watermark_ratio=0.9")
+N, SIZE = 40, 512 * KiB  # 20 MiB through an 8 MiB pool
+
+
+def _descs(w, key):
+    return w.request({"op": "descs", "key": key})["descs"]
+
+
+def _fill_and_evict(a):
+    for i in range(N):
+        assert a.call("put", f"e{i}", pattern(SIZE, i)) == 0
+    a.request({"op": "flush_disk"})
+
+
+def test_other_clients_read_disk_replicas(cluster, tmp_path):
+    """A (SSD tier) writes; the master evicts; B (no SSD tier, no memory of its own) reads through A; hot
+    objects return to memory; A restarts and B still reads; remove reaches A's files."""
+    m = cluster(MasterProcess, *FAST)
+    ssd = tmp_path / "a"
+    a = cluster(StoreWorker, m.address, "8MB", "8MB", ssd=str(ssd))
+    b = cluster(StoreWorker, m.address, "0", "8MB")
+    _fill_and_evict(a)
+    a_id = a.request({"op": "client_id"})["client_id"]
+    descs = _descs(b, "e0")
+    assert [(d["memory"], d["local_disk"], d["size"], d["client_id"]) for d in descs] == [(False, True, SIZE, a_id)]
+    assert b.call("is_exist", "e0") == 1 and b.call("get_size", "e0") == SIZE
+    assert b.call("get", "e0") == pattern(SIZE, 0)                 # served from A's file
+    got = b.request({"op": "get_into", "key": "e1", "size": SIZE + 100})
+    assert got["n"] == SIZE and got["data"]["b64"] and b.call("get", "e1") == pattern(SIZE, 1)
+    # e1 was read twice from disk: B gave it a memory replica again (the disk one stays).
+    assert sorted((d["memory"], d["local_disk"]) for d in _descs(b, "e1")) == [(False, True), (True, False)]
+    assert b.call("get_batch", ["e2", "e3", "nope"]) == [pattern(SIZE, 2), pattern(SIZE, 3), b""]
+    assert a.call("get", "e4") == pattern(SIZE, 4)                # the owner reads its own file
+
+    a.stop()                                                       # close: the master forgets A's tier ...
+    assert _descs(b, "e5") == []
+    a = cluster(StoreWorker, m.address, "8MB", "8MB", ssd=str(ssd))  # ... and learns it again at restart
+    assert b.call("get", "e5") == pattern(SIZE, 5)
+    assert [d["local_disk"] for d in _descs(b, "e6")] == [True]
+
+    time.sleep(0.3)                                                # B's read leases (200 ms)
+    assert b.call("remove", "e6") == 0                             # by another client than the owner
+    assert b.call("get", "e6") == b"" and _descs(b, "e6") == []
+    assert _wait(lambda: not _file(ssd, "e6").exists())            # A deletes the file at its next ping
+    assert b.call("remove_all") >= N - 2
+    assert _wait(lambda: os.listdir(ssd) == [])
+
+
+def test_dead_owner_reads_as_not_found(cluster, tmp_path):
+    m = cluster(MasterProcess, *FAST)
+    # A's staging buffer is too small to hold an object: it registers a buffer for each read it serves.
+    a = cluster(StoreWorker, m.address, "8MB", "256KB", ssd=str(tmp_path / "a"))
+    b = cluster(StoreWorker, m.address, "0", "8MB")
+    _fill_and_evict(a)
+    assert b.call("get", "e0") == pattern(SIZE, 0)
+    a.kill()                                                       # no close: the master learns by liveness
+    t0 = time.monotonic()
+    assert b.call("get", "e1") == b""                              # owner unreachable: not found, at once
+    got = b.request({"op": "get_into", "key": "e2", "size": SIZE})
+    assert got["n"] == E.OBJECT_NOT_FOUND
+    assert time.monotonic() - t0 < 5
+    assert _wait(lambda: b.call("is_exist", "e3") == 0)            # expired: its disk replicas are gone
+    assert _descs(b, "e3") == [] and b.call("get_size", "e3") == E.OBJECT_NOT_FOUND

@@ -22,6 +22,7 @@ from mooncake.store.client.memory import buffer_address
 from mooncake.store.client.tasks import TaskAPI
 from mooncake.store.client.tensor import TensorAPI
 from mooncake.store.master.errors import ErrorCode
+from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")
 _INVALID = int(ErrorCode.INVALID_PARAMS)
@@ -49,27 +50,62 @@ class MemoryDescriptor:
                 f"transport_endpoint={self.transport_endpoint!r})")
 
 
+class DiskDescriptor:
+    """Where a disk replica lives: Mooncake's ``{file_path, object_size}``; for a LOCAL_DISK replica also the
+    owner (``client_id``) and the endpoint that serves it (``transport_endpoint``). ``file_path`` is the
+    owner's business and left empty."""
+
+    def __init__(self, object_size: int, client_id: str = "", transport_endpoint: str = "",
+                 file_path: str = "") -> None:
+        self.file_path = file_path
+        self.object_size = object_size
+        self.client_id = client_id
+        self.transport_endpoint = transport_endpoint
+
+    def __repr__(self) -> str:
+        return (f"DiskDescriptor(object_size={self.object_size}, client_id={self.client_id!r}, "
+                f"transport_endpoint={self.transport_endpoint!r})")
+
+
 class ReplicaDescriptor:
-    """One replica of an object (``get_replica_desc``): memory replicas only in this build."""
+    """One replica of an object (``get_replica_desc``): a memory replica, or a LOCAL_DISK one (a file in the
+    SSD tier of client ``client_id``, served at ``transport_endpoint``)."""
 
     def __init__(self, rep) -> None:
         self.status = ReplicaStatus(rep.status)
         self.segment_name = rep.segment_name
-        self._mem = MemoryDescriptor(rep.size, rep.address, rep.transport_endpoint)
+        self._local_disk = rep.type == pb.REPLICA_TYPE_LOCAL_DISK
+        if self._local_disk:
+            self._mem = None
+            self._disk = DiskDescriptor(rep.size, rep.client_id, rep.transport_endpoint)
+        else:
+            self._mem = MemoryDescriptor(rep.size, rep.address, rep.transport_endpoint)
+            self._disk = None
 
     def is_memory_replica(self) -> bool:
-        return True
+        return not self._local_disk
 
     def is_disk_replica(self) -> bool:
-        return False
+        return False  # Mooncake's shared-FS replicas; this store's disk replicas are LOCAL_DISK
 
     def is_local_disk_replica(self) -> bool:
-        return False
+        return self._local_disk
 
     def get_memory_descriptor(self) -> MemoryDescriptor:
+        if self._mem is None:
+            raise RuntimeError("not a memory replica")
         return self._mem
 
+    def get_disk_descriptor(self) -> DiskDescriptor:
+        if self._disk is None:
+            raise RuntimeError("not a disk replica")
+        return self._disk
+
+    get_local_disk_descriptor = get_disk_descriptor
+
     def __repr__(self) -> str:
+        if self._local_disk:
+            return f"ReplicaDescriptor(status={self.status.name}, LOCAL_DISK, {self._disk})"
         return f"ReplicaDescriptor(status={self.status.name}, segment={self.segment_name!r}, {self._mem})"
 
 
@@ -191,8 +227,6 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             _log.error("get_size: %s", why)
             return _INVALID
         e = self._lookup([key])[0]
-        if e == ErrorCode.OBJECT_NOT_FOUND and self.disk_size(key) is not None:
-            return self.disk_size(key)
         return e if isinstance(e, int) else e.size
 
     def is_exist(self, key, /) -> int:
@@ -221,8 +255,6 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
                 out.append(0)
             else:
                 out.append(r.code if len(keys) == 1 else -1)
-        if self._disk is not None:  # an object only in the SSD tier is readable, so it exists
-            out = [1 if v == 0 and self.disk_size(k) is not None else v for k, v in zip(keys, out)]
         return out
 
     # -- removal -----------------------------------------------------------------------------------------------
@@ -249,11 +281,9 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
         self._cache_drop(keys)
         reply = self._rpc("BatchRemove", keys=keys, force=bool(force))
         codes = [reply] * len(keys) if isinstance(reply, int) else list(reply.codes)
-        if self._disk is not None:  # the disk copy goes unless the memory copy had to stay (lease, busy)
-            gone = [k for k, c in zip(keys, codes) if c in (OK, ErrorCode.OBJECT_NOT_FOUND)]
-            on_disk = {k for k in gone if self.disk_size(k) is not None}
-            self._disk.remove(on_disk)
-            codes = [OK if k in on_disk else c for k, c in zip(keys, codes)]
+        disk = self._disk
+        if disk is not None:  # our own files of removed objects go now (other owners' with their next ping)
+            disk.remove(k for k, c in zip(keys, codes) if c in (OK, ErrorCode.OBJECT_NOT_FOUND))
         return codes
 
     def remove_by_regex(self, regex_pattern, force: bool = False) -> int:
@@ -264,8 +294,9 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             return _INVALID
         self.cache_clear()
         reply = self._rpc("RemoveByRegex", pattern=regex_pattern, force=bool(force))
-        if self._disk is not None and not isinstance(reply, int) and reply.code == OK:
-            self._disk.remove_matching(regex_pattern)
+        disk = self._disk
+        if disk is not None and force and not isinstance(reply, int) and reply.code == OK:
+            disk.remove_matching(regex_pattern)  # without force leased ones stay: their files go with a ping
         return reply if isinstance(reply, int) else (reply.code or reply.count)
 
     def remove_all(self, force: bool = False) -> int:
@@ -273,8 +304,9 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             return NOT_READY
         self.cache_clear()
         reply = self._rpc("RemoveAll", force=bool(force))
-        if self._disk is not None and not isinstance(reply, int) and reply.code == OK:
-            self._disk.remove_matching(None)
+        disk = self._disk
+        if disk is not None and force and not isinstance(reply, int) and reply.code == OK:
+            disk.remove_matching(None)
         return reply if isinstance(reply, int) else (reply.code or reply.count)
 
     # -- zero copy ---------------------------------------------------------------------------------------------
@@ -426,6 +458,8 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             for k, (dst, src, n) in enumerate(zip(all_dst_offsets[i][j], all_src_offsets[i][j], all_sizes[i][j])):
                 if isinstance(e, int):
                     results[i][j][k] = e
+                elif not e.replicas:  # ranged reads need a memory replica (as in Mooncake)
+                    results[i][j][k] = int(ErrorCode.INVALID_REPLICA)
                 elif src < 0 or n < 0 or src + n > e.size:
                     results[i][j][k] = int(ErrorCode.BUFFER_OVERFLOW)
                 elif not self._ranges.contains(buffer_ptrs[i] + dst, n) or dst < 0:
@@ -447,7 +481,7 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             return {}
         out = {}
         for k, e in zip(keys, self._lookup(list(keys))):
-            out[k] = [] if isinstance(e, int) else [ReplicaDescriptor(r) for r in e.replicas]
+            out[k] = [] if isinstance(e, int) else [ReplicaDescriptor(r) for r in (*e.replicas, *e.disk)]
         return out
 
     def batch_replica_clear(self, keys, segment_name: str = "") -> list[str]:

@@ -1,6 +1,7 @@
 """A store client *process* for multi-process tests and the benchmark, driven by JSON lines on stdin.
 
-Run: ``python -m mooncake.store.client.store_worker --master HOST:PORT [--segment 64MB] [--buffer 16MB]``.
+Run: ``python -m mooncake.store.client.store_worker --master HOST:PORT [--segment 64MB] [--buffer 16MB]
+[--ssd DIR]`` (--ssd: enable_ssd_offload with ssd_offload_path DIR).
 The first stdout line is {"ready": true, "hostname": ..., "code": setup's return value}. Then each stdin
 line is one request answered by exactly one stdout line, in order:
 
@@ -12,6 +13,12 @@ line is one request answered by exactly one stdout line, in order:
   {"op": "verify", "prefix": P, "count": N, "size": S, "seed": X} -> {"ok": true, "good": n, "bad": [keys]}
   {"op": "put_start_only", "key": K, "size": S} -> {"ok": true, "code": c}: a put that never ends (the
       process is about to be killed in the middle of a put).
+  {"op": "get_into", "key": K, "size": S} -> {"ok": true, "n": get_into's result, "data": bytes read}: through
+      a buffer of S bytes given to register_buffer (and unregistered afterwards).
+  {"op": "descs", "key": K} -> {"ok": true, "descs": [{"memory": bool, "local_disk": bool, "size": n,
+      "client_id": owner (disk), "endpoint": ...}]}: get_replica_desc(K) in plain form.
+  {"op": "flush_disk"} -> {"ok": true}: waits until the SSD tier wrote (and reported) everything queued.
+  {"op": "client_id"} -> {"ok": true, "client_id": this client's id at the master}.
   {"op": "exit"} -> {"ok": true}, then the store is closed and the process exits.
 A failing request is answered {"ok": false, "error": "..."}; the process keeps going.
 """
@@ -76,6 +83,31 @@ def _handle(store: MooncakeDistributedStore, req: dict) -> dict:
     if op == "put_start_only":
         reply = store._rpc("PutStart", key=req["key"], size=req["size"])
         return {"ok": True, "code": reply if isinstance(reply, int) else reply.code}
+    if op == "get_into":
+        buf = np.zeros(req["size"], dtype=np.uint8)
+        assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+        try:
+            n = store.get_into(req["key"], buf.ctypes.data, buf.nbytes)
+        finally:
+            store.unregister_buffer(buf.ctypes.data)
+        return {"ok": True, "n": n, "data": encode(buf[:max(n, 0)].tobytes())}
+    if op == "descs":
+        out = []
+        for d in store.get_replica_desc(req["key"]):
+            if d.is_local_disk_replica():
+                dd = d.get_disk_descriptor()
+                out.append({"memory": False, "local_disk": True, "size": dd.object_size, "client_id": dd.client_id,
+                            "endpoint": dd.transport_endpoint})
+            else:
+                md = d.get_memory_descriptor()
+                out.append({"memory": True, "local_disk": False, "size": md.size, "client_id": "",
+                            "endpoint": md.transport_endpoint})
+        return {"ok": True, "descs": out}
+    if op == "flush_disk":
+        store._disk.flush()
+        return {"ok": True}
+    if op == "client_id":
+        return {"ok": True, "client_id": store._master.client_id}
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -84,9 +116,11 @@ def main(argv=None) -> int:
     p.add_argument("--master", required=True)
     p.add_argument("--segment", default="64MB")
     p.add_argument("--buffer", default="16MB")
+    p.add_argument("--ssd", default="")
     args = p.parse_args(argv)
     store = MooncakeDistributedStore()
-    code = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, args.buffer, "tcp", "", args.master)
+    code = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, args.buffer, "tcp", "", args.master,
+                       enable_ssd_offload=bool(args.ssd), ssd_offload_path=args.ssd)
     serve_json_lines(lambda req: _handle(store, req),
                      {"ready": True, "code": code, "hostname": store.get_hostname()})
     store.close()

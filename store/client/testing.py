@@ -13,9 +13,9 @@ from mooncake.store.master.testing import child_env, read_line, stop_process
 
 class StoreWorker:
     def __init__(self, master: str, segment: str = "64MB", buffer: str = "16MB", timeout: float = 60.0,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, ssd: str = "") -> None:
         cmd = [sys.executable, "-m", "mooncake.store.client.store_worker", "--master", master,
-               "--segment", str(segment), "--buffer", str(buffer)]
+               "--segment", str(segment), "--buffer", str(buffer), "--ssd", str(ssd)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**child_env(), **(env or {})})
         try:

@@ -6,10 +6,13 @@ flag ``--fast_rpc_port``: 0 ephemeral, -1 off) and falls back to gRPC otherwise.
 handlers, same semantics; only the framing differs.
 
 Wire format (little endian): request = u32 payload length, u16 method index (position of the method in the
-MasterService definition of mooncake_master.proto), payload (the serialized request message). Reply = u32
+service definition in mooncake_master.proto), payload (the serialized request message). Reply = u32
 payload length, u8 status (0: payload is the reply message; 1: payload is a UTF-8 error text, the call
 failed like a gRPC INTERNAL / INVALID_ARGUMENT error). One request at a time per connection; a server
 thread per connection. Frames above MAX_FRAME bytes close the connection.
+
+Any service of mooncake_master.proto can be served this way (``service=``, default MasterService): store
+clients with an SSD tier serve DiskReplicaService to readers of their disk replicas (store/client/disk_serve.py).
 
 Client: ``FastRpcClient.call(method, request)``; one connection per calling thread, opened lazily and
 reopened after an error. Failures raise ``FastRpcError`` (a ``grpc.RpcError``: ``code()`` UNAVAILABLE,
@@ -28,14 +31,30 @@ import grpc
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.master.fast_rpc")
-_SERVICE = pb.DESCRIPTOR.services_by_name["MasterService"]
-METHODS = [m.name for m in _SERVICE.methods]
-_INDEX = {name: i for i, name in enumerate(METHODS)}
-_REQ = [getattr(pb, m.input_type.name) for m in _SERVICE.methods]
-_REPLY = {m.name: getattr(pb, m.output_type.name) for m in _SERVICE.methods}
 _REQ_HEAD = struct.Struct("<IH")
 _REPLY_HEAD = struct.Struct("<IB")
 MAX_FRAME = 256 << 20
+
+
+class _Methods:
+    """The method table of one service of mooncake_master.proto (index = position in the definition)."""
+
+    def __init__(self, service: str) -> None:
+        methods = pb.DESCRIPTOR.services_by_name[service].methods
+        self.names = [m.name for m in methods]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.requests = [getattr(pb, m.input_type.name) for m in methods]
+        self.replies = {m.name: getattr(pb, m.output_type.name) for m in methods}
+
+
+_TABLES: dict[str, _Methods] = {}
+
+
+def _methods(service: str) -> _Methods:
+    table = _TABLES.get(service)
+    if table is None:
+        table = _TABLES[service] = _Methods(service)
+    return table
 
 
 class FastRpcError(grpc.RpcError):
@@ -80,10 +99,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class FastRpcServer:
-    """Serves `servicer` (a MasterServicer) on host:port (0: ephemeral). ``start`` raises OSError."""
+    """Serves `servicer` (a MasterServicer, or an object with the methods of `service`) on host:port (0:
+    ephemeral). The constructor raises OSError when the port cannot be bound."""
 
-    def __init__(self, servicer, host: str, port: int = 0) -> None:
+    def __init__(self, servicer, host: str, port: int = 0, service: str = "MasterService",
+                 thread_name: str = "master-fast-rpc") -> None:
         self._servicer = servicer
+        self._methods = _methods(service)
+        self._thread_name = thread_name
         self._sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self._sock.getsockname()[1]
         self._conns: set[socket.socket] = set()
@@ -91,7 +114,7 @@ class FastRpcServer:
         self._stopped = False
 
     def start(self) -> "FastRpcServer":
-        threading.Thread(target=self._accept, name="master-fast-accept", daemon=True).start()
+        threading.Thread(target=self._accept, name=self._thread_name + "-accept", daemon=True).start()
         return self
 
     def _accept(self) -> None:
@@ -106,20 +129,21 @@ class FastRpcServer:
                     conn.close()
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="master-fast-rpc", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn,), name=self._thread_name, daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         ctx = _Context()
+        names, requests = self._methods.names, self._methods.requests
         try:
             while True:
                 length, index = _REQ_HEAD.unpack(_recv_exact(conn, _REQ_HEAD.size))
-                if length > MAX_FRAME or index >= len(METHODS):
+                if length > MAX_FRAME or index >= len(names):
                     _log.warning("fast RPC: bad frame (length %d, method %d); closing", length, index)
                     return
                 payload = _recv_exact(conn, length)
                 try:
-                    request = _REQ[index].FromString(payload)
-                    out, status = getattr(self._servicer, METHODS[index])(request, ctx).SerializeToString(), 0
+                    request = requests[index].FromString(payload)
+                    out, status = getattr(self._servicer, names[index])(request, ctx).SerializeToString(), 0
                 except Exception as e:  # noqa: BLE001  (decode errors, aborted handlers): answered, not fatal
                     out, status = str(e).encode(), 1
                 conn.sendall(_REPLY_HEAD.pack(len(out), status) + out)
@@ -144,9 +168,12 @@ class FastRpcServer:
 
 
 class FastRpcClient:
-    def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 30.0, service: str = "MasterService",
+                 connect_timeout: float = 5.0) -> None:
         self.address = (host, port)
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._methods = _methods(service)
         self._local = threading.local()
         self._all: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -158,7 +185,7 @@ class FastRpcClient:
             if self._closed:
                 raise FastRpcError(grpc.StatusCode.UNAVAILABLE, "client closed", sent=False)
             try:
-                sock = socket.create_connection(self.address, timeout=min(self.timeout, 5.0))
+                sock = socket.create_connection(self.address, timeout=min(self.timeout, self.connect_timeout))
             except OSError as e:
                 raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"connect {self.address}: {e}", sent=False) from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -172,7 +199,7 @@ class FastRpcClient:
         payload = request.SerializeToString()
         try:
             sock.settimeout(timeout or self.timeout)
-            sock.sendall(_REQ_HEAD.pack(len(payload), _INDEX[method]) + payload)
+            sock.sendall(_REQ_HEAD.pack(len(payload), self._methods.index[method]) + payload)
             length, status = _REPLY_HEAD.unpack(_recv_exact(sock, _REPLY_HEAD.size))
             body = _recv_exact(sock, length)
         except socket.timeout:
@@ -183,7 +210,7 @@ class FastRpcClient:
             raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: {e}") from None
         if status != 0:
             raise FastRpcError(grpc.StatusCode.INTERNAL, f"{method}: {body.decode(errors='replace')}")
-        return _REPLY[method].FromString(body)
+        return self._methods.replies[method].FromString(body)
 
     def _drop(self, sock: socket.socket) -> None:
         self._local.sock = None

@@ -6,7 +6,9 @@ store/proto/mooncake_master.proto for every RPC and field. Reply ``code`` fields
 transport failures raise ``grpc.RpcError`` (the store client maps them to RPC_FAIL / RPC_TIMEOUT).
 
 Segments mounted through ``mount`` are remembered, so the heartbeat (``start_heartbeat``) can re-mount them
-when the master answers NEED_REMOUNT (it expired this client, or it restarted).
+when the master answers NEED_REMOUNT (it expired this client, or it restarted). Hooks for the SSD tier:
+``on_remount()`` runs after such a re-mount (re-declare state the master lost), ``on_disk_drops(objects)``
+receives the obsolete-file notices of a ping reply (``PingReply.drop_disk``); both on the heartbeat thread.
 
 Fast path: ``use_fast_path()`` asks the master (GetServiceInfo) for its framed-protobuf port
 (fast_rpc.py) and then sends every call there (~3x lower latency than Python gRPC). A call whose connection
@@ -63,6 +65,8 @@ class MasterClient:
         self.remounts = 0
         self._fast: FastRpcClient | None = None
         self._fast_wanted = False
+        self.on_remount = None
+        self.on_disk_drops = None
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
@@ -126,12 +130,16 @@ class MasterClient:
         if self._fast_wanted and (self._fast is None or reply.view_version != self.view_version):
             self.use_fast_path()  # first ping after a master restart, or after the fast door failed
         self.view_version = reply.view_version
+        if reply.drop_disk and self.on_disk_drops is not None:
+            self.on_disk_drops(list(reply.drop_disk))
         if reply.client_status == pb.CLIENT_STATUS_NEED_REMOUNT:
             with self._seg_lock:
                 segs = list(self._segments.values())
             code = self.call("ReMountSegment", segments=segs).code
             self.remounts += 1
             _log.info("master asked client %s to remount: %d segment(s), code %d", self.client_id, len(segs), code)
+            if code == 0 and self.on_remount is not None:
+                self.on_remount()
         return reply
 
     def start_heartbeat(self, interval: float = 1.0) -> None:
@@ -148,6 +156,8 @@ class MasterClient:
                 self.ping_once()
             except grpc.RpcError as e:  # the master is down or restarting: keep trying
                 _log.debug("ping failed: %s", e.code())
+            except Exception:  # a hook failed: a bug worth a loud line, but the heartbeat must go on
+                _log.exception("heartbeat round failed")
 
     def close(self) -> None:
         """Stops the heartbeat and closes the channel (segments stay mounted; unmount them first if needed)."""

@@ -15,6 +15,13 @@ Lease rules (documented contract, see also service.py):
     (Mooncake#2187), nor keep it warm.
   * ``PutEnd`` grants no lease. Soft pins are set by the put and never extended by reads.
 
+Disk replicas (SSD tier, Mooncake's LOCAL_DISK): ``disk`` maps a key to the one file that holds it in some
+client's SSD tier (``DiskReplica``: owner, size, the owner's file version). An object is readable while it
+has memory replicas (``objects``) or a disk replica or both; memory eviction leaves the disk replica, so the
+object lives on as *disk-only* (leases and Exist/GetReplicaList work the same; it is in no LRU order).
+``offloading`` remembers, per key, the client with an SSD tier whose committed put has not been reported
+on disk yet: only that report is accepted (a removed or overwritten object's late file is refused).
+
 Threading: not thread-safe; the master calls everything under its lock.
 """
 
@@ -50,6 +57,33 @@ class PutKind(enum.IntEnum):
     PUT = 0  # new key
     UPSERT_IN_PLACE = 1  # overwrite in the old buffers (same size, not leased): object unreadable meanwhile
     UPSERT_REALLOC = 2  # new buffers; the old version stays readable until the end
+    PROMOTE = 3  # a memory copy of a disk-only object (its disk replica stays)
+
+
+class DiskClient:
+    """A client with an SSD tier (MountLocalDisk): where its DiskReplicaService listens, and the files the
+    master found obsolete since its last ping (``drops``: (key, seq), bounded)."""
+
+    __slots__ = ("client_id", "endpoint", "drops")
+
+    def __init__(self, client_id: str, endpoint: str) -> None:
+        self.client_id = client_id
+        self.endpoint = endpoint
+        self.drops: list[tuple[str, int]] = []
+
+
+class DiskReplica:
+    """An object's file in ``owner``'s SSD tier: ``size`` bytes, the owner's version ``seq``."""
+
+    __slots__ = ("owner", "size", "seq")
+
+    def __init__(self, owner: DiskClient, size: int, seq: int) -> None:
+        self.owner = owner
+        self.size = size
+        self.seq = seq
+
+    def __repr__(self) -> str:
+        return f"DiskReplica({self.owner.client_id}@{self.owner.endpoint}+{self.size}#{self.seq})"
 
 
 class PendingPut:
@@ -104,6 +138,8 @@ class ObjectTable:
         self.hard_pins: set[str] = set()
         self.busy: dict[str, object] = {}  # key -> copy/move in progress (replication.ReplicationOp)
         self.held: list[Held] = []
+        self.disk: dict[str, DiskReplica] = {}  # key -> its file in a client's SSD tier
+        self.offloading: dict[str, tuple[str, int]] = {}  # key -> (client, size): put committed, file pending
 
     def touch(self, key: str) -> None:
         """Marks a committed object most recently used."""

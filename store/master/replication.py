@@ -149,9 +149,9 @@ class Replicator:
 
     # -- replica clear ---------------------------------------------------------------------------------------
     def batch_clear(self, client_id: str, keys: list[str], segment_name: str) -> tuple[ErrorCode, list[str]]:
-        """Drops the replicas of `keys` on segments named `segment_name` (all replicas when empty; an object
-        left without replicas is removed). Leased, busy and in-progress keys are skipped. Returns the keys
-        that were cleared."""
+        """Drops the replicas of `keys` on segments named `segment_name` (all replicas, the disk one included,
+        when empty; an object left without replicas is removed). Leased, busy and in-progress keys are
+        skipped. Returns the keys that were cleared."""
         svc = self._svc
         with svc.lock:
             if not client_id:
@@ -168,6 +168,9 @@ class Replicator:
                     continue
                 if len(gone) == len(reps):
                     t.drop(key)
+                    if not segment_name:  # every replica: the disk one too (else it lives on disk-only)
+                        svc._drop_disk_locked(key)
+                        t.offloading.pop(key, None)
                 else:
                     t.objects[key] = pack_replicas(r for r in reps if r not in gone)
                 svc._free(gone)

@@ -22,7 +22,7 @@ from mooncake.store.master.admin_http import AdminHttpServer
 from mooncake.store.master.config import GRPC_OPTIONS, MAX_KEY_BYTES, MasterConfig
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.fast_rpc import FastRpcServer
-from mooncake.store.master.objects import PutConfig, ReplicaStatus
+from mooncake.store.master.objects import DiskReplica, PutConfig, ReplicaStatus
 from mooncake.store.master.segments import Replica
 from mooncake.store.master.service import MasterService, SegmentSpec
 from mooncake.store.master.tasks import Task
@@ -35,7 +35,11 @@ _COMPLETE = ReplicaStatus.COMPLETE
 _PROCESSING = ReplicaStatus.PROCESSING
 
 
-def _descriptor(r: Replica, status: int) -> pb.ReplicaDescriptor:
+def _descriptor(r: Replica | DiskReplica, status: int) -> pb.ReplicaDescriptor:
+    if type(r) is DiskReplica:
+        return pb.ReplicaDescriptor(type=pb.REPLICA_TYPE_LOCAL_DISK, client_id=r.owner.client_id,
+                                    transport_endpoint=r.owner.endpoint, size=r.size, disk_seq=r.seq,
+                                    status=status)
     seg = r.segment
     return pb.ReplicaDescriptor(segment_name=seg.name, segment_id=seg.id, transport_endpoint=seg.te_endpoint,
                                 address=seg.base + r.offset, size=r.size, status=status, protocol=seg.protocol)
@@ -125,7 +129,11 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     def Ping(self, request, context):
         code, alive = self.svc.ping(request.client_id)
         status = pb.CLIENT_STATUS_OK if alive else pb.CLIENT_STATUS_NEED_REMOUNT
-        return pb.PingReply(code=code, view_version=self.svc.view_version, client_status=status)
+        reply = pb.PingReply(code=code, view_version=self.svc.view_version, client_status=status)
+        drops = self.svc.take_disk_drops(request.client_id) if alive else ()
+        if drops:
+            reply.drop_disk.extend(pb.DiskObject(key=k, seq=seq) for k, seq in drops)
+        return reply
 
     @_rpc
     def GetServiceInfo(self, request, context):
@@ -138,7 +146,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     # -- writes ----------------------------------------------------------------------------------------------
     @_rpc
     def PutStart(self, request, context):
-        return _start_reply(self.svc.put_start(request.client_id, request.key, request.size, _put_config(request)))
+        return _start_reply(self.svc.put_start(request.client_id, request.key, request.size, _put_config(request),
+                                               request.promote))
 
     @_rpc
     def UpsertStart(self, request, context):
@@ -148,7 +157,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     @_rpc
     def BatchPutStart(self, request, context):
         results = self.svc.batch_put_start(request.client_id, list(request.keys), list(request.sizes),
-                                           _put_config(request))
+                                           _put_config(request), request.promote)
         return pb.BatchPutStartReply(results=[_start_reply(r) for r in results])
 
     @_rpc
@@ -286,6 +295,26 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     def MarkTaskToComplete(self, request, context):
         return pb.StatusReply(code=self.svc.mark_task_complete(request.client_id, request.task_id, request.success,
                                                                request.message))
+
+    # -- SSD tier ------------------------------------------------------------------------------------------------
+    @_rpc
+    def MountLocalDisk(self, request, context):
+        return pb.StatusReply(code=self.svc.mount_local_disk(request.client_id, request.endpoint))
+
+    @_rpc
+    def UnmountLocalDisk(self, request, context):
+        code, n = self.svc.unmount_local_disk(request.client_id)
+        return pb.CountReply(code=code, count=n)
+
+    @_rpc
+    def NotifyOffloadSuccess(self, request, context):
+        objects = [(o.key, o.size, o.seq) for o in request.objects]
+        return pb.BatchStatusReply(codes=self.svc.notify_offload(request.client_id, objects, request.reload))
+
+    @_rpc
+    def EvictDiskReplica(self, request, context):
+        objects = [(o.key, o.seq) for o in request.objects]
+        return pb.BatchStatusReply(codes=self.svc.evict_disk_replicas(request.client_id, objects))
 
 
 def _host_port(host: str, port: int) -> str:

@@ -97,6 +97,33 @@ def test_put_get_remove_across_processes(server, workers):
     assert w1.call("PutRevoke", key="obj")["code"] == E.OBJECT_NOT_FOUND
 
 
+def test_disk_replica_rpcs(server, workers):
+    w1, w2 = workers
+    assert w1.call("MountLocalDisk", endpoint="")["code"] == E.INVALID_PARAMS
+    assert w1.call("MountLocalDisk", endpoint="127.0.0.1:7777")["code"] == 0
+    assert w1.call("PutStart", key="d", size=100)["code"] == 0 and w1.call("PutEnd", key="d")["code"] == 0
+    objs = [{"key": "d", "size": 100, "seq": 5}, {"key": "never-put", "size": 1, "seq": 6}]
+    assert w1.call("NotifyOffloadSuccess", objects=objs)["codes"] == [0, E.OBJECT_NOT_FOUND]
+    assert w2.call("NotifyOffloadSuccess", objects=objs)["codes"] == [E.CLIENT_NOT_FOUND] * 2
+    g = w2.call("GetReplicaList", key="d")
+    assert [d["type"] for d in g["replicas"]] == [pb.REPLICA_TYPE_MEMORY, pb.REPLICA_TYPE_LOCAL_DISK]
+    disk = g["replicas"][1]
+    assert (disk["client_id"], disk["transport_endpoint"], disk["size"], disk["disk_seq"], disk["status"]) == \
+        (w1.client_id, "127.0.0.1:7777", 100, 5, COMPLETE)
+    assert w2.call("PutStart", key="d", size=100, promote=True)["code"] == E.OBJECT_ALREADY_EXISTS
+    assert w2.call("Remove", key="d", force=True)["code"] == 0
+    assert w1.call("Ping")["drop_disk"] == [{"key": "d", "size": 0, "seq": 5}]  # delete that file
+    assert w1.call("Ping")["drop_disk"] == []
+    assert w1.call("NotifyOffloadSuccess", objects=[{"key": "r", "size": 9, "seq": 1}], reload=True)["codes"] == [0]
+    assert w2.call("ExistKey", key="r") == {"code": 0, "exists": True}
+    assert w1.call("EvictDiskReplica", objects=[{"key": "r", "seq": 2}, {"key": "r"}])["codes"] == \
+        [E.REPLICA_NOT_FOUND, 0]
+    assert w2.call("ExistKey", key="r") == {"code": 0, "exists": False}
+    assert w1.call("NotifyOffloadSuccess", objects=[{"key": "r", "size": 9, "seq": 1}], reload=True)["codes"] == [0]
+    assert w1.call("UnmountLocalDisk") == {"code": 0, "count": 1}
+    assert w2.call("ExistKey", key="r") == {"code": 0, "exists": False}
+
+
 def test_invalid_and_no_space(server, workers):
     w1, _ = workers
     assert w1.call("PutStart", key="", size=10)["code"] == E.INVALID_PARAMS

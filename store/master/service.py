@@ -18,6 +18,14 @@ until the pool needs the space, whichever comes first (a late writer must not sc
 already belong to another object while that can be avoided). Puts of an expired client are revoked and
 freed at once.
 
+SSD tier (objects.py, "Disk replicas"): a client with an SSD tier mounts it (``mount_local_disk``, with the
+endpoint where it serves its files), reports the files it wrote (``notify_offload``; again in full after a
+restart or a remount) and the ones it deleted (``evict_disk_replicas``). Readers get the LOCAL_DISK
+replica with the memory ones; memory eviction keeps it. Removing or overwriting an object drops it and
+queues the file for deletion by its owner (``take_disk_drops``, answered in the owner's next ping); an
+owner that unmounts or expires loses all its disk replicas. ``put_start(promote=True)`` gives a
+disk-only object a memory replica again (a hot object; the disk replica stays).
+
 The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
 revokes stuck puts and copy/move operations, releases held buffers, fails overdue tasks, purges expired
 lease entries and evicts when usage reaches the high watermark (a round that finds nothing evictable, e.g.
@@ -39,7 +47,8 @@ from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.eviction import object_bytes, select_victims
 from mooncake.store.master.liveness import ClientRegistry
 from mooncake.store.master.metrics import MasterMetrics
-from mooncake.store.master.objects import Held, ObjectTable, PendingPut, PutConfig, PutKind, replicas_of
+from mooncake.store.master.objects import (DiskClient, DiskReplica, Held, ObjectTable, PendingPut, PutConfig,
+                                           PutKind, replicas_of)
 from mooncake.store.master.replication import Replicator
 from mooncake.store.master.segments import Replica, Segment, SegmentRegistry
 from mooncake.store.master.tasks import TaskManager
@@ -50,6 +59,8 @@ OK = ErrorCode.OK
 _PURGE_PERIOD_SEC = 1.0
 _EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
+_MAX_DISK_DROPS = 1 << 16  # obsolete-file notices kept per SSD client between two of its pings
+_MAX_OFFLOADING = 1 << 20  # committed puts whose file is not reported yet (oldest forgotten beyond)
 
 
 class SegmentSpec:
@@ -83,6 +94,7 @@ class MasterService:
         self._next_purge = 0.0
         self._next_watermark_evict = 0.0
         self._sizes: dict[int, int] = {}
+        self.disk_clients: dict[str, DiskClient] = {}
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
         self.metrics.attach_state(self.snapshot)
@@ -180,6 +192,7 @@ class MasterService:
                 self._free(p.replicas)
                 self.metrics.revoked_puts.labels(reason="client_expired").inc()
         self._release_held(lambda h: h.writer == client_id)
+        self._unmount_disk_locked(client_id)
         self.replicator.on_client_expired(client_id)
         self.tasks.fail_client(client_id, now)
         self.metrics.expired_clients.inc()
@@ -189,15 +202,17 @@ class MasterService:
     # ======================================================================================================
     # Put / upsert
     # ======================================================================================================
-    def put_start(self, client_id: str, key: str, size: int, config: PutConfig = PutConfig()
-                  ) -> tuple[ErrorCode, list[Replica]]:
+    def put_start(self, client_id: str, key: str, size: int, config: PutConfig = PutConfig(),
+                  promote: bool = False) -> tuple[ErrorCode, list[Replica]]:
+        """promote: memory for an object that only has a disk replica of `size` bytes (OBJECT_NOT_FOUND
+        without one, OBJECT_ALREADY_EXISTS when it has memory replicas, INVALID_PARAMS for another size)."""
         with self._lock:
-            return self._start_locked(client_id, key, size, config, False, self._clock())
+            return self._start_locked(client_id, key, size, config, False, self._clock(), promote)
 
-    def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], config: PutConfig = PutConfig()
-                        ) -> list[tuple[ErrorCode, list[Replica]]]:
+    def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], config: PutConfig = PutConfig(),
+                        promote: bool = False) -> list[tuple[ErrorCode, list[Replica]]]:
         """One result per key; mismatched lengths give INVALID_PARAMS for every key."""
-        return self._batch_start(client_id, keys, sizes, config, False)
+        return self._batch_start(client_id, keys, sizes, config, False, promote)
 
     def upsert_start(self, client_id: str, key: str, size: int, config: PutConfig = PutConfig()
                      ) -> tuple[ErrorCode, list[Replica]]:
@@ -208,12 +223,13 @@ class MasterService:
                            ) -> list[tuple[ErrorCode, list[Replica]]]:
         return self._batch_start(client_id, keys, sizes, config, True)
 
-    def _batch_start(self, client_id, keys, sizes, config, upsert) -> list[tuple[ErrorCode, list[Replica]]]:
+    def _batch_start(self, client_id, keys, sizes, config, upsert, promote=False
+                     ) -> list[tuple[ErrorCode, list[Replica]]]:
         if len(keys) != len(sizes):
             return [(ErrorCode.INVALID_PARAMS, [])] * len(keys)
         with self._lock:
             now = self._clock()
-            return [self._start_locked(client_id, k, s, config, upsert, now) for k, s in zip(keys, sizes)]
+            return [self._start_locked(client_id, k, s, config, upsert, now, promote) for k, s in zip(keys, sizes)]
 
     def put_end(self, client_id: str, key: str) -> ErrorCode:
         """Commits the put/upsert of `key` (the same call ends an upsert)."""
@@ -241,14 +257,15 @@ class MasterService:
             return ErrorCode.INVALID_KEY  # the limit is in UTF-8 bytes (a char is 1..4 of them)
         return OK
 
-    def _start_locked(self, client_id: str, key: str, size: int, cfg: PutConfig, upsert: bool, now: float
-                      ) -> tuple[ErrorCode, list[Replica]]:
-        op = "upsert_start" if upsert else "put_start"
-        code, replicas = self._start_checked(client_id, key, size, cfg, upsert, now)
+    def _start_locked(self, client_id: str, key: str, size: int, cfg: PutConfig, upsert: bool, now: float,
+                      promote: bool = False) -> tuple[ErrorCode, list[Replica]]:
+        op = "upsert_start" if upsert else "promote_start" if promote else "put_start"
+        code, replicas = self._start_checked(client_id, key, size, cfg, upsert, now, promote)
         self.metrics.count(op, code)
         return code, replicas
 
-    def _start_checked(self, client_id, key, size, cfg, upsert, now) -> tuple[ErrorCode, list[Replica]]:
+    def _start_checked(self, client_id, key, size, cfg, upsert, now, promote=False
+                       ) -> tuple[ErrorCode, list[Replica]]:
         code = self._check_key(key)
         if code != OK:
             return code, []
@@ -262,6 +279,17 @@ class MasterService:
             self._discard_locked(key, p, now, "timeout")  # a stuck put is pre-empted by a new writer
         old = t.objects.get(key)
         kind = PutKind.PUT
+        if promote and not upsert:
+            if old is not None:
+                return ErrorCode.OBJECT_ALREADY_EXISTS, []
+            d = t.disk.get(key)
+            if d is None:
+                return ErrorCode.OBJECT_NOT_FOUND, []
+            if d.size != size:
+                return ErrorCode.INVALID_PARAMS, []
+            kind = PutKind.PROMOTE
+        elif old is None and not upsert and key in t.disk:
+            return ErrorCode.OBJECT_ALREADY_EXISTS, []  # a disk-only object exists like any other
         if old is not None:
             if not upsert:
                 return ErrorCode.OBJECT_ALREADY_EXISTS, []
@@ -304,6 +332,15 @@ class MasterService:
         cfg = p.config
         ttl_ms = min(cfg.soft_pin_ttl_ms or self.config.default_kv_soft_pin_ttl_ms, self.config.max_kv_soft_pin_ttl_ms)
         t.commit(key, p.replicas, now, cfg, ttl_ms / 1000.0)
+        if p.kind != PutKind.PROMOTE:
+            # A new version: an older file of the key is obsolete; the writer's own SSD tier (if any) is
+            # about to report its copy of this one.
+            self._drop_disk_locked(key)
+            t.offloading.pop(key, None)
+            if p.client_id in self.disk_clients:
+                if len(t.offloading) >= _MAX_OFFLOADING:
+                    del t.offloading[next(iter(t.offloading))]
+                t.offloading[key] = (p.client_id, p.size)
         return OK
 
     def _revoke_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
@@ -409,13 +446,14 @@ class MasterService:
         self.metrics.count("exist", code)
         if code != OK:
             return code, False
-        found = key in self.table.objects
+        found = key in self.table.objects or key in self.table.disk
         if found and self.config.exist_grants_lease:
             self.table.grant_lease(key, now, self.lease_ttl)
         return OK, found
 
-    def get_replica_list(self, key: str) -> tuple[ErrorCode, list[Replica], int]:
+    def get_replica_list(self, key: str) -> tuple[ErrorCode, list, int]:
         """(code, COMPLETE replicas, lease ms left). Grants a read lease and marks the object recently used.
+        The replicas are the memory ones (``Replica``) then the disk one (``DiskReplica``) if any.
         REPLICA_IS_NOT_READY while the first put is in progress; OBJECT_NOT_FOUND if absent."""
         with self._lock:
             return self._get_locked(key, self._clock())
@@ -433,27 +471,38 @@ class MasterService:
             return ErrorCode.INVALID_PARAMS, {}
         with self._lock:
             now = self._clock()
-            keys = [k for k in self.table.objects if rx.search(k)]
+            keys = [k for k in self._all_keys() if rx.search(k)]
             out = {}
             for k in keys:
                 _, reps, lease_ms = self._get_locked(k, now)
                 out[k] = (reps, lease_ms)
             return OK, out
 
-    def _get_locked(self, key: str, now: float) -> tuple[ErrorCode, list[Replica], int]:
+    def _get_locked(self, key: str, now: float) -> tuple[ErrorCode, list, int]:
         t = self.table
         value = t.objects.get(key)
-        if value is None:
+        d = t.disk.get(key)
+        if value is None and d is None:
             code = self._check_key(key)
             if code == OK:
                 code = ErrorCode.REPLICA_IS_NOT_READY if key in t.pending else ErrorCode.OBJECT_NOT_FOUND
             self.metrics.count("get_replica_list", code)
             return code, [], 0
-        t.touch(key)
+        reps = []
+        if value is not None:
+            t.touch(key)
+            reps = list(replicas_of(value))
+        if d is not None:
+            reps.append(d)
         deadline = t.grant_lease(key, now, self.lease_ttl)
         self.metrics.count("get_replica_list")
         self.metrics.leases_granted.inc()
-        return OK, list(replicas_of(value)), int((deadline - now) * 1000)
+        return OK, reps, int((deadline - now) * 1000)
+
+    def _all_keys(self) -> list[str]:
+        """Every readable key: memory objects, then disk-only ones."""
+        t = self.table
+        return list(t.objects) + [k for k in t.disk if k not in t.objects]
 
     # ======================================================================================================
     # Removal
@@ -477,14 +526,14 @@ class MasterService:
             return ErrorCode.INVALID_PARAMS, 0
         with self._lock:
             now = self._clock()
-            keys = [k for k in self.table.objects if rx.search(k)]
+            keys = [k for k in self._all_keys() if rx.search(k)]
             return OK, sum(1 for k in keys if self._remove_locked(k, force, now) == OK)
 
     def remove_all(self, force: bool = False) -> tuple[ErrorCode, int]:
         """Removes every committed object except leased/busy ones (unless force); returns the count."""
         with self._lock:
             now = self._clock()
-            keys = list(self.table.objects)
+            keys = self._all_keys()
             return OK, sum(1 for k in keys if self._remove_locked(k, force, now) == OK)
 
     def _remove_locked(self, key: str, force: bool, now: float) -> ErrorCode:
@@ -498,7 +547,7 @@ class MasterService:
             return code
         t = self.table
         value = t.objects.get(key)
-        if value is None:
+        if value is None and key not in t.disk:
             p = t.pending.get(key)
             if p is None:
                 return ErrorCode.OBJECT_NOT_FOUND
@@ -512,12 +561,138 @@ class MasterService:
             self.replicator.cancel(key)
         if not force and t.lease_deadline(key, now):
             return ErrorCode.OBJECT_HAS_LEASE
-        self._retire_locked(key, value, now)  # force on a leased object: buffers held until the lease ends
+        if value is not None:
+            self._retire_locked(key, value, now)  # force on a leased object: buffers held until the lease ends
         t.drop(key)
+        self._drop_disk_locked(key)
+        t.offloading.pop(key, None)
         p = t.pending.get(key)
         if p is not None and p.kind == PutKind.UPSERT_REALLOC:
             p.kind = PutKind.PUT  # the upsert in flight now creates the key afresh
+        elif p is not None and p.kind == PutKind.PROMOTE:
+            self._discard_locked(key, p, now, "removed")  # nothing left to promote
         return OK
+
+    # ======================================================================================================
+    # SSD tier: LOCAL_DISK replicas
+    # ======================================================================================================
+    def mount_local_disk(self, client_id: str, endpoint: str) -> ErrorCode:
+        """Declares the client's SSD tier, served at `endpoint` (host:port); again (e.g. after a remount) only
+        updates the endpoint. Registers the client as alive, like a mount."""
+        if not client_id or not endpoint:
+            return ErrorCode.INVALID_PARAMS
+        with self._lock:
+            self.clients.register(client_id, self._clock())
+            dc = self.disk_clients.get(client_id)
+            if dc is None:
+                self.disk_clients[client_id] = DiskClient(client_id, endpoint)
+            else:
+                dc.endpoint = endpoint
+            self.metrics.count("mount_local_disk")
+            return OK
+
+    def unmount_local_disk(self, client_id: str) -> tuple[ErrorCode, int]:
+        """Forgets the client's SSD tier and its disk replicas (objects left without a replica disappear);
+        returns how many disk replicas went. Idempotent."""
+        if not client_id:
+            return ErrorCode.INVALID_PARAMS, 0
+        with self._lock:
+            n = self._unmount_disk_locked(client_id)
+            self.metrics.count("unmount_local_disk")
+            return OK, n
+
+    def notify_offload(self, client_id: str, objects: list[tuple[str, int, int]], reload: bool = False
+                       ) -> list[ErrorCode]:
+        """Records disk replicas (key, size, seq) of the client; per object a code (see NotifyOffloadRequest in
+        the proto): a fresh file (reload False) is accepted only for the version this client committed and
+        has not reported yet; a file found at start-up (reload True) for an absent object or one of the
+        same size."""
+        with self._lock:
+            dc = self.disk_clients.get(client_id)
+            if dc is None:
+                codes = [ErrorCode.CLIENT_NOT_FOUND] * len(objects)
+            else:
+                codes = [self._notify_locked(dc, k, size, seq, reload) for k, size, seq in objects]
+            for c in codes:
+                self.metrics.count("notify_offload", c)
+            return codes
+
+    def _notify_locked(self, dc: DiskClient, key: str, size: int, seq: int, reload: bool) -> ErrorCode:
+        code = self._check_key(key)
+        if code != OK:
+            return code
+        if size <= 0:
+            return ErrorCode.INVALID_PARAMS
+        t = self.table
+        value = t.objects.get(key)
+        d = t.disk.get(key)
+        if reload:
+            if value is not None and replicas_of(value)[0].size != size:
+                return ErrorCode.OBJECT_NOT_FOUND  # another version lives in memory: the file is stale
+            if value is None and d is None and key in t.pending:
+                return ErrorCode.OBJECT_REPLICA_BUSY
+            if d is not None and d.owner is not dc:
+                return ErrorCode.REPLICA_ALREADY_EXISTS
+        else:
+            if t.offloading.get(key) != (dc.client_id, size):
+                return ErrorCode.OBJECT_NOT_FOUND  # removed or overwritten since this client's put
+            del t.offloading[key]
+            if d is not None and d.owner is not dc:
+                self._drop_disk_locked(key)
+        t.disk[key] = DiskReplica(dc, size, seq)
+        return OK
+
+    def evict_disk_replicas(self, client_id: str, objects: list[tuple[str, int]]) -> list[ErrorCode]:
+        """The client deleted these files (key, seq; seq 0: any version): their records go. Per object OK or
+        REPLICA_NOT_FOUND (no such record of this client)."""
+        with self._lock:
+            t = self.table
+            dc = self.disk_clients.get(client_id)
+            codes = []
+            for key, seq in objects:
+                d = t.disk.get(key)
+                if dc is None or d is None or d.owner is not dc or (seq and d.seq != seq):
+                    codes.append(ErrorCode.REPLICA_NOT_FOUND)
+                    continue
+                del t.disk[key]
+                if key not in t.objects:
+                    t.drop(key)  # the object is gone: its lease and pins too
+                codes.append(OK)
+            self.metrics.count("evict_disk_replica", n=len(objects))
+            return codes
+
+    def take_disk_drops(self, client_id: str) -> list[tuple[str, int]]:
+        """The (key, seq) files of the client found obsolete since the last call (answered in its ping)."""
+        if client_id not in self.disk_clients:  # unlocked peek: most clients have no SSD tier
+            return []
+        with self._lock:
+            dc = self.disk_clients.get(client_id)
+            if dc is None or not dc.drops:
+                return []
+            out, dc.drops = dc.drops, []
+            return out
+
+    def _drop_disk_locked(self, key: str) -> None:
+        """Forgets the disk replica of `key` (if any) and queues its file for deletion by the owner."""
+        d = self.table.disk.pop(key, None)
+        if d is not None and len(d.owner.drops) < _MAX_DISK_DROPS:
+            d.owner.drops.append((key, d.seq))
+
+    def _unmount_disk_locked(self, client_id: str) -> int:
+        dc = self.disk_clients.pop(client_id, None)
+        if dc is None:
+            return 0
+        t = self.table
+        gone = [k for k, d in t.disk.items() if d.owner is dc]
+        for k in gone:
+            del t.disk[k]
+            if k not in t.objects:
+                t.drop(k)
+        for k in [k for k, (c, _) in t.offloading.items() if c == client_id]:
+            del t.offloading[k]
+        if gone:
+            _log.info("client %s: %d disk replica(s) dropped with its SSD tier", client_id, len(gone))
+        return len(gone)
 
     # ======================================================================================================
     # Copy / move / replica clear (replication.py) and tasks
@@ -621,6 +796,7 @@ class MasterService:
             t = self.table
             return {
                 "objects": len(t.objects), "pending_puts": len(t.pending),
+                "disk_replicas": len(t.disk), "disk_clients": len(self.disk_clients),
                 "capacity_bytes": self.segments.capacity, "used_bytes": self.segments.used,
                 "usage": round(self.segments.usage(), 6),
                 "held_bytes": sum(r.segment.allocator.rounded(r.size) for h in t.held for r in h.replicas
@@ -637,11 +813,15 @@ class MasterService:
             now = self._clock()
             t = self.table
             value = t.objects.get(key)
-            if value is None:
+            d = t.disk.get(key)
+            if value is None and d is None:
                 return (ErrorCode.REPLICA_IS_NOT_READY if key in t.pending else ErrorCode.OBJECT_NOT_FOUND), {}
-            reps = replicas_of(value)
+            reps = replicas_of(value) if value is not None else ()
             return OK, {
-                "key": key, "size": reps[0].size, "bytes": object_bytes(value),
+                "key": key, "size": reps[0].size if reps else d.size,
+                "bytes": object_bytes(value) if value is not None else 0,
+                "disk_replica": None if d is None else {"client_id": d.owner.client_id, "endpoint": d.owner.endpoint,
+                                                        "size": d.size, "seq": d.seq},
                 "lease_ms_left": int(max(0.0, t.lease_deadline(key, now) - now) * 1000),
                 "hard_pinned": key in t.hard_pins, "soft_pinned": t.soft_pins.get(key, 0.0) > now,
                 "replicas": [{"segment": r.segment.name, "segment_id": r.segment.id, "address": r.address,

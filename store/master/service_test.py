@@ -455,3 +455,102 @@ def test_tasks_are_handed_out_as_snapshots(clock):
     # what an RPC handler is still serialising does not change under it
     assert fetched.status == queried.status == TaskStatus.PROCESSING and queried.message == ""
     assert svc.query_task(tid).status == TaskStatus.FAILED and svc.query_task(tid).message == "boom"
+
+
+# -- SSD tier: LOCAL_DISK replicas ---------------------------------------------------------------------------------
+def _offloaded(svc, key, size=4 * KiB, client="c1", seq=1):
+    """`client` (which has an SSD tier) puts `key` and reports its file."""
+    put(svc, key, size, client=client)
+    assert svc.notify_offload(client, [(key, size, seq)]) == [E.OK]
+
+
+def _evict_memory(svc, key):
+    """What eviction does to one object (whatever its lease): its memory replicas go."""
+    from mooncake.store.master.objects import replicas_of
+    with svc.lock:
+        svc._free(replicas_of(svc.table.objects.pop(key)))
+
+
+def test_disk_replica_outlives_memory_and_is_promoted(clock):
+    from mooncake.store.master.objects import DiskReplica
+    svc = make(clock)
+    assert svc.mount_local_disk("c1", "127.0.0.1:7000") == E.OK
+    assert svc.notify_offload("nobody", [("k", 1, 1)]) == [E.CLIENT_NOT_FOUND]
+    _offloaded(svc, "k", 5000, seq=7)
+    code, reps, _ = svc.get_replica_list("k")
+    assert code == E.OK and len(reps) == 2 and isinstance(reps[1], DiskReplica)
+    _evict_memory(svc, "k")  # memory gone: the object lives on, disk-only
+    code, reps, lease_ms = svc.get_replica_list("k")
+    assert code == E.OK and lease_ms > 0 and len(reps) == 1
+    assert (reps[0].owner.client_id, reps[0].owner.endpoint, reps[0].size, reps[0].seq) == \
+        ("c1", "127.0.0.1:7000", 5000, 7)
+    assert svc.exist("k") == (E.OK, True) and svc.describe_key("k")[1]["disk_replica"]["seq"] == 7
+    assert svc.put_start("w", "k", 5000)[0] == E.OBJECT_ALREADY_EXISTS  # exists like any object
+    assert svc.put_start("w", "k", 4000, promote=True)[0] == E.INVALID_PARAMS
+    assert svc.put_start("w", "nope", 4000, promote=True)[0] == E.OBJECT_NOT_FOUND
+    assert svc.put_start("w", "k", 5000, promote=True)[0] == E.OK
+    assert svc.put_end("w", "k") == E.OK
+    assert len(svc.get_replica_list("k")[1]) == 2  # memory again, the disk replica stays
+    assert svc.put_start("w", "k", 5000, promote=True)[0] == E.OBJECT_ALREADY_EXISTS
+    assert svc.take_disk_drops("c1") == [] and svc.snapshot()["disk_replicas"] == 1
+
+
+def test_disk_replica_removal_reaches_the_owner(clock):
+    svc = make(clock, segments=(("c1", "s1", "h1"), ("c2", "s2", "h2")))
+    assert svc.mount_local_disk("c1", "h:1") == E.OK
+    for i, k in enumerate(("a", "b", "c", "x1", "x2")):
+        _offloaded(svc, k, seq=i + 1)
+        _evict_memory(svc, k) if k != "c" else None
+    svc.get_replica_list("a")  # leased: a non-force remove must wait
+    assert svc.remove("a") == E.OBJECT_HAS_LEASE
+    assert svc.remove("a", force=True) == E.OK and svc.exist("a") == (E.OK, False)
+    assert svc.remove_by_regex("^x") == (E.OK, 2)
+    assert svc.take_disk_drops("c1") == [("a", 1), ("x1", 4), ("x2", 5)]
+    assert svc.take_disk_drops("c1") == []
+    # An upsert by another client makes the file obsolete; that client has no SSD tier: nothing pending.
+    assert svc.upsert_start("c2", "c", 4 * KiB)[0] == E.OK and svc.put_end("c2", "c") == E.OK
+    assert svc.take_disk_drops("c1") == [("c", 3)] and svc.describe_key("c")[1]["disk_replica"] is None
+    assert svc.remove_all() == (E.OK, 2)  # b (disk-only) and c
+    assert svc.take_disk_drops("c1") == [("b", 2)]
+
+
+def test_late_or_stale_disk_reports_are_refused(clock):
+    svc = make(clock)
+    assert svc.mount_local_disk("c1", "h:1") == E.OK
+    put(svc, "gone", client="c1")
+    assert svc.remove("gone") == E.OK
+    assert svc.notify_offload("c1", [("gone", 4 * KiB, 1)]) == [E.OBJECT_NOT_FOUND]  # removed meanwhile
+    put(svc, "late", client="c1")
+    _evict_memory(svc, "late")  # evicted before its file was reported: the report still counts
+    assert svc.notify_offload("c1", [("late", 4 * KiB, 2)]) == [E.OK] and svc.exist("late") == (E.OK, True)
+    put(svc, "other", client="w")  # not written by c1
+    assert svc.notify_offload("c1", [("other", 4 * KiB, 3)]) == [E.OBJECT_NOT_FOUND]
+    # Files found at start-up: absent objects come back, a different size in memory is stale.
+    assert svc.notify_offload("c1", [("old", 10, 4), ("other", 5, 5), ("other", 4 * KiB, 6)], reload=True) == \
+        [E.OK, E.OBJECT_NOT_FOUND, E.OK]
+    assert svc.get_replica_list("old")[1][0].size == 10
+    assert svc.mount_local_disk("c2", "h:2") == E.OK
+    assert svc.notify_offload("c2", [("old", 10, 1)], reload=True) == [E.REPLICA_ALREADY_EXISTS]
+    assert svc.evict_disk_replicas("c1", [("old", 99), ("old", 0)]) == [E.REPLICA_NOT_FOUND, E.OK]
+    assert svc.exist("old") == (E.OK, False)
+    assert svc.evict_disk_replicas("c2", [("late", 2)]) == [E.REPLICA_NOT_FOUND]  # not c2's
+
+
+def test_owner_unmount_or_expiry_drops_its_disk_replicas(clock):
+    svc = make(clock, segments=(("c1", "s1", "h1"), ("c2", "s2", "h2")), client_ttl_sec=10)
+    assert svc.mount_local_disk("c2", "h:2") == E.OK
+    for k in ("p", "q"):
+        put(svc, k, client="c2", cfg=PutConfig(preferred_segments=("h1",)))
+        assert svc.notify_offload("c2", [(k, 4 * KiB, 1)]) == [E.OK]
+    _evict_memory(svc, "p")
+    assert svc.unmount_local_disk("c2") == (E.OK, 2)
+    assert svc.exist("p") == (E.OK, False) and len(svc.get_replica_list("q")[1]) == 1  # q: memory left
+    assert svc.notify_offload("c2", [("q", 4 * KiB, 1)], reload=True) == [E.CLIENT_NOT_FOUND]
+    assert svc.mount_local_disk("c2", "h:3") == E.OK
+    assert svc.notify_offload("c2", [("q", 4 * KiB, 1)], reload=True) == [E.OK]
+    _evict_memory(svc, "q")
+    clock.advance(5)
+    svc.ping("c1")
+    clock.advance(6)
+    svc.tick()  # c2 expired
+    assert svc.exist("q") == (E.OK, False) and svc.snapshot()["disk_clients"] == 0

@@ -1,0 +1,239 @@
+"""Serving LOCAL_DISK replicas: the owner side (``DiskServer``) and the reader side (``DiskPeers``).
+
+Protocol (DiskReplicaService in store/proto/mooncake_master.proto, framed protobuf over TCP as in
+store/master/fast_rpc.py): a reader whose object only has a LOCAL_DISK replica calls ``ReadDiskObject(key,
+seq)`` at the owner's endpoint (from the replica descriptor). The owner reads the file into a *hold*: space
+in its registered staging buffer (``local_buffer_size``), or, when that is full or absent, a buffer it
+registers with its Transfer Engine for the occasion; it answers (segment, address, size, handle). The
+reader pulls the bytes with one Transfer Engine read and calls ``ReleaseDiskObject(handle)``.
+
+Bounds: at most MAX_HOLDS holds and MC_STORE_DISK_SERVE_MAX_BYTES (default 1 GiB) held at once (beyond:
+OBJECT_REPLICA_BUSY, the reader retries for a moment); a hold the reader never releases (it died) is
+reclaimed after MC_STORE_DISK_HOLD_MS (30 s). Calls to an owner time out after MC_STORE_DISK_RPC_TIMEOUT_MS
+(5 s); an owner that is gone (connection refused, or no answer in time) reads as OBJECT_NOT_FOUND: its
+replicas are lost with it (the master drops them when the owner's liveness expires).
+
+Threading: the server runs one thread per connection (fast_rpc); all state is under one lock.
+``DiskPeers`` is shared by the store's threads (FastRpcClient keeps one connection per thread).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from mooncake.store.master.errors import ErrorCode
+from mooncake.store.master.fast_rpc import FastRpcClient, FastRpcError, FastRpcServer
+from mooncake.store.proto import mooncake_master_pb2 as pb
+
+_log = logging.getLogger("mooncake.store.client.disk")
+MAX_HOLDS = 64
+_BUSY_RETRY_SEC = 2.0
+
+
+def _env_ms(name: str, default: int) -> float:
+    return float(os.environ.get(name, default)) / 1000.0
+
+
+class _Hold:
+    __slots__ = ("addr", "size", "deadline", "release")
+
+    def __init__(self, addr: int, size: int, deadline: float, release) -> None:
+        self.addr, self.size, self.deadline, self.release = addr, size, deadline, release
+
+
+class DiskServer:
+    """Serves `disk` (ssd.DiskTier) at host:port (0: ephemeral); ``endpoint`` is what readers dial.
+
+    ``evicted(key, seq)`` is called for a read of a key the tier does not have at all (the master still
+    lists it: its EvictDiskReplica report was lost); the client reports it again."""
+
+    def __init__(self, disk, engine, staging, segment_name: str, host: str, port: int = 0, evicted=None) -> None:
+        self._disk = disk
+        self._engine = engine
+        self._staging = staging
+        self._segment = segment_name
+        self._evicted = evicted
+        self._hold_sec = _env_ms("MC_STORE_DISK_HOLD_MS", 30000)
+        self._max_bytes = int(os.environ.get("MC_STORE_DISK_SERVE_MAX_BYTES", 1 << 30))
+        self._holds: dict[int, _Hold] = {}
+        self._held_bytes = 0
+        self._next = 1
+        self._lock = threading.Lock()
+        try:
+            self._server = FastRpcServer(self, host, port, service="DiskReplicaService", thread_name="store-disk-rpc")
+        except OSError:  # a hostname that is not a local address: listen on all of them
+            self._server = FastRpcServer(self, "::" if ":" in host else "0.0.0.0", port,
+                                         service="DiskReplicaService", thread_name="store-disk-rpc")
+        self.endpoint = f"[{host}]:{self._server.port}" if ":" in host else f"{host}:{self._server.port}"
+        self.served = 0
+
+    def start(self) -> "DiskServer":
+        self._server.start()
+        return self
+
+    # -- DiskReplicaService ------------------------------------------------------------------------------------
+    def ReadDiskObject(self, request, context):
+        self._expire(time.monotonic())
+        opened = self._disk.open_value(request.key, request.seq)
+        if opened is None:
+            if self._evicted is not None and self._disk.lookup(request.key) is None:
+                self._evicted(request.key, request.seq)
+            return pb.DiskReadReply(code=ErrorCode.OBJECT_NOT_FOUND)
+        f, size, _, promote = opened
+        with f:
+            hold = self._alloc(size)
+            if hold is None:
+                return pb.DiskReadReply(code=ErrorCode.OBJECT_REPLICA_BUSY)
+            view = memoryview((ctypes.c_char * size).from_address(hold.addr)).cast("B")
+            n = 0
+            try:
+                while n < size:
+                    k = f.readinto(view[n:])
+                    if not k:
+                        break
+                    n += k
+            except OSError as e:
+                _log.warning("SSD tier: reading %r failed: %s", request.key, e)
+            finally:
+                view.release()
+        if n != size:
+            hold.release()
+            return pb.DiskReadReply(code=ErrorCode.OBJECT_NOT_FOUND)
+        with self._lock:
+            handle = self._next
+            self._next += 1
+            self._holds[handle] = hold
+            self.served += 1
+        return pb.DiskReadReply(code=0, segment_name=self._segment, address=hold.addr, size=size, handle=handle,
+                                promote=promote)
+
+    def ReleaseDiskObject(self, request, context):
+        with self._lock:
+            hold = self._holds.pop(request.handle, None)
+        if hold is None:
+            return pb.StatusReply(code=ErrorCode.INVALID_PARAMS)
+        hold.release()
+        return pb.StatusReply(code=0)
+
+    # -- holds -------------------------------------------------------------------------------------------------
+    def _alloc(self, size: int) -> _Hold | None:
+        with self._lock:
+            if len(self._holds) >= MAX_HOLDS or self._held_bytes + size > self._max_bytes:
+                return None
+            self._held_bytes += size
+        deadline = time.monotonic() + self._hold_sec
+        staging = self._staging
+        addr = staging.alloc(size)
+        if addr is not None:
+            return _Hold(addr, size, deadline, lambda: self._freed(size, staging.free, addr))
+        buf = np.empty(size, dtype=np.uint8)  # registered for the transfer only
+        addr = buf.ctypes.data
+        if self._engine.register_memory(addr, size) != 0:
+            self._freed(size)
+            return None
+
+        def release(buf=buf) -> None:
+            self._engine.unregister_memory(buf.ctypes.data)
+            self._freed(size)
+        return _Hold(addr, size, deadline, release)
+
+    def _freed(self, size: int, free=None, addr: int = 0) -> None:
+        if free is not None:
+            free(addr)
+        with self._lock:
+            self._held_bytes -= size
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            late = [h for h, hold in self._holds.items() if hold.deadline <= now]
+            holds = [self._holds.pop(h) for h in late]
+        for hold in holds:
+            _log.warning("SSD tier: a reader did not release %d bytes in %.0f s; reclaimed", hold.size,
+                         self._hold_sec)
+            hold.release()
+
+    def close(self) -> None:
+        self._server.stop()
+        with self._lock:
+            holds, self._holds = list(self._holds.values()), {}
+        for hold in holds:
+            hold.release()
+
+
+class DiskPeers:
+    """The reader side: one FastRpcClient per owner endpoint."""
+
+    def __init__(self) -> None:
+        self.timeout = _env_ms("MC_STORE_DISK_RPC_TIMEOUT_MS", 5000)
+        self._clients: dict[str, FastRpcClient] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, endpoint: str) -> FastRpcClient:
+        with self._lock:
+            c = self._clients.get(endpoint)
+            if c is None:
+                host, _, port = endpoint.rpartition(":")
+                c = self._clients[endpoint] = FastRpcClient(host.strip("[]"), int(port), self.timeout,
+                                                            service="DiskReplicaService",
+                                                            connect_timeout=self.timeout)
+            return c
+
+    def _forget(self, endpoint: str, c: FastRpcClient) -> None:
+        with self._lock:
+            if self._clients.get(endpoint) is c:
+                del self._clients[endpoint]
+        c.close()
+
+    def read(self, endpoint: str, key: str, seq: int, pull) -> tuple[int, bool]:
+        """Asks the owner at `endpoint` for `key` and calls ``pull(segment, address, size)`` (-> True when the
+        bytes arrived) while it holds them. Returns (size or a negative code, promote)."""
+        try:
+            c = self._client(endpoint)
+        except ValueError:
+            return int(ErrorCode.INVALID_PARAMS), False
+        deadline = time.monotonic() + _BUSY_RETRY_SEC
+        try:
+            while True:
+                reply = c.call("ReadDiskObject", pb.DiskReadRequest(key=key, seq=seq))
+                if reply.code != ErrorCode.OBJECT_REPLICA_BUSY or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        except FastRpcError as e:
+            self._forget(endpoint, c)
+            what = "unreachable" if e.code() == grpc.StatusCode.UNAVAILABLE else "failed"
+            _log.warning("get %r: the owner of its disk replica (%s) is %s: %s", key, endpoint, what, e.details())
+            return int(ErrorCode.OBJECT_NOT_FOUND), False
+        if reply.code != 0:
+            if reply.code == ErrorCode.OBJECT_REPLICA_BUSY:
+                _log.warning("get %r: the owner of its disk replica (%s) is busy", key, endpoint)
+            return reply.code, False
+        try:
+            ok = pull(reply.segment_name, reply.address, reply.size)
+        finally:
+            try:
+                c.call("ReleaseDiskObject", pb.DiskReleaseRequest(handle=reply.handle))
+            except FastRpcError:
+                pass  # the owner reclaims the hold after its timeout
+        return (reply.size, reply.promote) if ok else (int(ErrorCode.TRANSFER_FAIL), False)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+
+def advertised_host(segment_name: str) -> str:
+    """The host part of a Transfer Engine segment name (host:port, [v6]:port)."""
+    host = segment_name.rsplit(":", 1)[0] if segment_name.count(":") == 1 or segment_name.startswith("[") \
+        else segment_name
+    host = host.strip("[]")
+    return host or socket.gethostname()
