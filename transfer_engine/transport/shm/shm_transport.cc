@@ -7,9 +7,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
@@ -28,7 +30,24 @@ struct ShmTransport::Mapping {
 
 namespace {
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
 std::string PeerKey(const SegmentDescriptor& d) { return d.json.value("instance", d.name); }
+
+// Fills a fresh mapping's page tables in the background, 32 MiB at a time, so copies into memory the peer has
+// already committed do not take a page fault per 4 KiB page (about 0.26 ms per MiB here, a third of the copy
+// itself). Transfers meanwhile proceed and fault as usual. The thread holds the mapping; it stops early once it
+// is the last holder (the transport dropped the mapping) or on a kernel without MADV_POPULATE_READ.
+void PopulateInBackground(std::shared_ptr<const void> m, char* base, size_t length) {
+  std::thread([m = std::move(m), base, length] {
+    constexpr size_t kChunk = 32u << 20;
+    for (size_t off = 0; off < length && m.use_count() > 1; off += kChunk) {
+      if (madvise(base + off, std::min(kChunk, length - off), MADV_POPULATE_READ) != 0) break;
+    }
+  }).detach();
+}
 
 // Cross-memory attach, looping over partial transfers (the kernel may stop at page boundaries).
 Status Attach(int pid, OpCode op, char* local, uint64_t remote, size_t len) {
@@ -144,8 +163,11 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
   m->base = static_cast<char*>(base);
   m->length = static_cast<size_t>(st.st_size);
   m->epoch = epoch;
-  std::lock_guard lock(mu_);
-  PeerFor(desc).mappings[buf.shm_fd] = m;
+  {
+    std::lock_guard lock(mu_);
+    PeerFor(desc).mappings[buf.shm_fd] = m;
+  }
+  PopulateInBackground(m, m->base, m->length);
   return m;
 }
 
