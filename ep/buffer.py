@@ -11,12 +11,14 @@ Failures: waiting for a rank is bounded by `timeout_us` (-1: 10 s); a rank that 
 whose memory cannot be written, is set to 0 in `active_ranks` and skipped by later calls without waiting.
 Inactive ranks' tokens are neither sent nor received; in combine, experts on inactive ranks contribute
 nothing (the remaining top-k weights are not renormalised). `update_ep_member()` re-reads the peers'
-registrations and re-activates ranks that answer again.
+registrations and re-activates ranks that answer again, including a replacement process that took over a
+lost rank (its Buffers created in the same order as on the other ranks).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import json
 import os
@@ -26,23 +28,22 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mooncake.engine import TransferEngine
-
 from . import layout
 
 _BUFFER_IDS = itertools.count()
-_ENGINE: TransferEngine | None = None
+_ENGINE = None  # mooncake.engine.TransferEngine, created on first use
 DEFAULT_TIMEOUT_US = 10_000_000
 _ITEMSIZE = {torch.uint8: 1, torch.int32: 4, torch.int64: 8, torch.bfloat16: 2, torch.float32: 4,
              torch.float8_e4m3fn: 1}
 ALIGN = 64
 
 
-def _engine() -> TransferEngine:
+def _engine():
     """One Transfer Engine per process, shared by every Buffer (P2P handshake; MC_EP_LOCAL_HOSTNAME names the
     address peers use, 127.0.0.1 by default)."""
     global _ENGINE
     if _ENGINE is None:
+        from mooncake.engine import TransferEngine  # the native extension loads only when a Buffer is made
         engine = TransferEngine()
         host = os.environ.get("MC_EP_LOCAL_HOSTNAME", "127.0.0.1")
         if engine.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
@@ -51,8 +52,34 @@ def _engine() -> TransferEngine:
     return _ENGINE
 
 
+def _emulate_gpu() -> bool:
+    """MC_EP_EMULATE_GPU=1 (tests only): CPU tensors take the GPU path on an emulated device."""
+    return os.environ.get("MC_EP_EMULATE_GPU") == "1"
+
+
+def _make_device(device: torch.device):
+    if device.type == "cuda":
+        from .cuda.device import CudaDevice
+        return CudaDevice(device)
+    from .cuda.emulation import HostEmulatedDevice
+    return HostEmulatedDevice()
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclasses.dataclass
+class _Received:
+    """What the sources of one dispatch sent: DeepEP's src_info and layout ranges, the rows per local expert
+    (begins), and per active source its row blocks (local expert, first row in its region, first output row,
+    count) and row total."""
+
+    src_info: torch.Tensor
+    ranges: torch.Tensor
+    begins: list[int]
+    blocks: dict[int, list[tuple[int, int, int, int]]]
+    rows: dict[int, int]
 
 
 class EventOverlap:
@@ -142,6 +169,7 @@ class Buffer:
         self._dispatch_seq = 0
         self._combine_seq = 0
         self._epoch = 0
+        self._gpu = None  # GpuPath when the Buffer was set up with device tensors
 
     # ------------------------------------------------------------------ sizing and connection
 
@@ -155,9 +183,13 @@ class Buffer:
     def _key(self, rank: int) -> str:
         return f"mooncake_ep/{self._id}/{self._shape}/{rank}"
 
-    def _connect(self, tokens: int, hidden: int, num_experts: int) -> None:
+    def _connect(self, tokens: int, hidden: int, num_experts: int, device: torch.device) -> None:
         shape = (tokens, hidden, num_experts)
         if self._shape == shape:
+            if (self._gpu is not None) != (device.type != "cpu" or _emulate_gpu()) or \
+                    (self._gpu is not None and device != self._gpu.dev.torch_device):
+                raise ValueError(f"this Buffer was set up for tensors on "
+                                 f"{self._gpu.dev.torch_device if self._gpu else 'cpu'}, got {device}")
             return
         if self._shape is not None:
             raise ValueError(f"this Buffer was set up for (tokens, hidden, experts) = {self._shape}; "
@@ -169,39 +201,90 @@ class Buffer:
             raise RuntimeError(f"mooncake.ep: cannot allocate {self._layout.size} bytes of registered memory")
         ctypes.memset(self._base, 0, self._layout.size)
         self._mem = torch.frombuffer((ctypes.c_uint8 * self._layout.size).from_address(self._base), dtype=torch.uint8)
+        if device.type == "cuda" or _emulate_gpu():
+            from .cuda.path import GpuPath  # imported on first use: the CPU path needs no device code
+            self._gpu = GpuPath(self, _make_device(device))
         self._publish()
         self._peers = [self._lookup(r) for r in range(self.world)]
+        if self._gpu is not None:
+            self._gpu.connect(self._peers)
 
     def _publish(self) -> None:
         info = {"segment": self._engine.get_local_segment_name(), "base": self._base}
+        if self._gpu is not None:
+            info["gpu"] = self._gpu.info()
         self._store.set(self._key(self.rank), json.dumps(info))
 
     def _lookup(self, rank: int) -> dict:
         return json.loads(self._store.get(self._key(rank)))
 
+    def _read(self, key: str):
+        return json.loads(self._store.get(key)) if self._store.check([key]) else None
+
+    def _sync_key(self, rank: int) -> str:
+        return f"mooncake_ep/{self._id}/sync/{self._epoch}/{rank}"
+
+    def _synced_key(self, rank: int) -> str:
+        return f"mooncake_ep/{self._id}/synced/{rank}"  # the last update_ep_member round `rank` completed
+
     def update_ep_member(self, timeout_s: float = 10.0) -> None:
-        """Collective over the ranks that are alive: re-reads every rank's registration, re-activates the ranks
-        that take part, and aligns the call counters (a rank that was stalled may be behind). Ranks that do not
-        call it within `timeout_s` stay inactive."""
-        if self._layout is None:
-            return
-        self._epoch += 1
-        prefix = f"mooncake_ep/{self._id}/sync/{self._epoch}/"
-        self._store.set(prefix + str(self.rank), json.dumps([self._dispatch_seq, self._combine_seq]))
+        """Collective over the ranks that are alive: re-reads the registrations of the ranks that take part,
+        re-activates them, and aligns the call counters (a rank that was stalled may be behind). Ranks that do
+        not call it within `timeout_s` stay inactive.
+
+        A Buffer that has not dispatched yet first takes the shape and device kind its peers were set up for and
+        registers its memory: this is how a replacement process (creating its Buffers in the same order as the
+        other ranks) takes over a lost rank."""
         deadline = time.monotonic() + timeout_s
-        seqs = {}
-        for r in range(self.world):
-            key = prefix + str(r)
-            while r not in seqs and time.monotonic() < deadline:
-                if self._store.check([key]):
-                    seqs[r] = json.loads(self._store.get(key))
-                else:
-                    time.sleep(0.01)
-        for r in range(self.world):
-            self._peers[r] = self._lookup(r)
-            self._active[r] = 1 if r in seqs else 0
-        self._dispatch_seq = max(s[0] for s in seqs.values())
-        self._combine_seq = max(s[1] for s in seqs.values())
+        # The round is one past the last one any rank completed: no rank completes the round this rank joins
+        # before this rank's record is in (or it gave up waiting for it), so every caller picks the same round,
+        # including a fresh Buffer that took part in none of the earlier ones.
+        self._epoch = max([self._epoch] + [self._read(self._synced_key(r)) or 0 for r in range(self.world)]) + 1
+        if self._layout is None:
+            self._store.set(self._sync_key(self.rank), json.dumps({"shape": None}))
+            peer = self._peer_setup(deadline)
+            if peer is not None:
+                device = torch.device("cuda", torch.cuda.current_device()) if peer["device"] == "cuda" \
+                    else torch.device("cpu")
+                self._connect(*peer["shape"], device)
+        if self._layout is not None:
+            device = self._gpu.dev.torch_device.type if self._gpu is not None else "cpu"
+            self._store.set(self._sync_key(self.rank), json.dumps(
+                {"shape": list(self._shape), "device": device, "seq": [self._dispatch_seq, self._combine_seq]}))
+            records = self._peer_records(deadline)
+            for r in range(self.world):
+                if r in records:
+                    self._peers[r] = self._lookup(r)  # a replacement process registered new memory
+                self._active[r] = 1 if r in records else 0
+            if self._gpu is not None:
+                self._gpu.connect(self._peers)
+            self._dispatch_seq = max(rec["seq"][0] for rec in records.values())
+            self._combine_seq = max(rec["seq"][1] for rec in records.values())
+        self._store.set(self._synced_key(self.rank), json.dumps(self._epoch))
+
+    def _peer_setup(self, deadline: float) -> dict | None:
+        """The record of a peer in this round that is set up; None when no rank is (or none said so in time)."""
+        while True:
+            records = [self._read(self._sync_key(r)) for r in range(self.world)]
+            for rec in records:
+                if rec is not None and rec["shape"] is not None:
+                    return rec
+            if all(rec is not None for rec in records) or time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+
+    def _peer_records(self, deadline: float) -> dict[int, dict]:
+        """The records of the ranks in this round set up for this Buffer's shape (their memory is registered)."""
+        records: dict[int, dict] = {}
+        while True:
+            for r in range(self.world):
+                if r not in records:
+                    rec = self._read(self._sync_key(r))
+                    if rec is not None and rec["shape"] == list(self._shape):
+                        records[r] = rec
+            if len(records) == self.world or time.monotonic() > deadline:
+                return records
+            time.sleep(0.01)
 
     # ------------------------------------------------------------------ helpers
 
@@ -219,7 +302,7 @@ class Buffer:
             raise TypeError("active_ranks must be an int32 tensor of shape [num_ranks]")
         if active_ranks.shape != (self.world,):
             raise ValueError(f"active_ranks must have shape [{self.world}], got {list(active_ranks.shape)}")
-        self._active &= active_ranks  # a rank the caller deactivated stays off until update_ep_member()
+        self._active &= active_ranks.cpu()  # a rank the caller deactivated stays off until update_ep_member()
         return self._active
 
     def _send(self, writes: dict[int, list[tuple[int, int, int]]], deadline: float) -> None:
@@ -302,40 +385,52 @@ class Buffer:
         self._check_tokens(x, topk_idx, t, num_experts)
         active = self._resolve_active(active_ranks)
         hidden = x.shape[1]
-        self._connect(t, hidden, num_experts)
+        self._connect(t, hidden, num_experts, x.device)
         lay = self._layout
         local = num_experts // self.world
         self._dispatch_seq += 1
         seq = self._dispatch_seq
         deadline = self._deadline(timeout_us)
-        per_expert = layout.tokens_per_expert(topk_idx, num_experts)
-        writes: dict[int, list] = {}
-        for r in range(self.world):
-            if not active[r]:
-                continue
-            stage = lay.send_dispatch + r * lay.region
-            counts = self._view(stage, torch.int32, (local,))
-            ids = self._view(stage + 4 * local, torch.int32, (local * t,))
-            chosen = [per_expert[r * local + le] for le in range(local)]
-            for le, idx in enumerate(chosen):
-                if len(idx) > t:
-                    raise ValueError(f"expert {r * local + le} gets {len(idx)} token slots, more than the capacity {t}")
-                counts[le] = len(idx)
-            all_idx = torch.cat(chosen)
-            total = len(all_idx)
-            ids[:total] = all_idx
-            if total:
-                self._store_rows(stage + lay.meta, x, all_idx, use_fp8)
-            writes[r] = [(stage, lay.dispatch_region(seq, self.rank), lay.meta + total * lay.row)]
-        self._send(writes, deadline)
-        flags = lay.area(seq, "dispatch_flags")
-        self._signal(flags, seq, [r for r in writes if active[r]], deadline)
-        self._wait(flags, seq, list(range(self.world)), deadline)
-        recv = self._collect(seq, local, t, hidden, use_fp8)
+        pairs = layout.pairs_per_expert(topk_idx.cpu(), num_experts)
+        topk = topk_idx.shape[1]
+        if self._gpu is not None:
+            recv = self._gpu.dispatch(x, pairs, topk, t, use_fp8, seq, deadline)
+        else:
+            writes: dict[int, list] = {}
+            for r in range(self.world):
+                if not active[r]:
+                    continue
+                stage = lay.send_dispatch + r * lay.region
+                all_idx = self._stage_meta(stage, [pairs[r * local + le] // topk for le in range(local)], t)
+                if len(all_idx):
+                    self._store_rows(stage + lay.meta, x, all_idx, use_fp8)
+                writes[r] = [(stage, lay.dispatch_region(seq, self.rank), lay.meta + len(all_idx) * lay.row)]
+            self._exchange(writes, lay.area(seq, "dispatch_flags"), seq, list(range(self.world)), deadline)
+            recv = self._collect(seq, t, hidden, use_fp8)
         if active_ranks is not None and active_ranks is not self._active:
             active_ranks.copy_(self._active)
         hook = (lambda: None) if return_recv_hook else None
         return recv[0], recv[1], recv[2] + (t, hidden, num_experts), EventOverlap(), hook
+
+    def _stage_meta(self, stage: int, chosen: list[torch.Tensor], t: int) -> torch.Tensor:
+        """Writes a target's counts and token ids (chosen[le]: the tokens for its local expert le) into the
+        host staging area at `stage`; returns the tokens in row order."""
+        local = self._layout.local
+        counts = self._view(stage, torch.int32, (local,))
+        ids = self._view(stage + 4 * local, torch.int32, (local * t,))
+        for le, idx in enumerate(chosen):
+            if len(idx) > t:
+                raise ValueError(f"an expert gets {len(idx)} token slots, more than the capacity {t}")
+            counts[le] = len(idx)
+        all_idx = torch.cat(chosen)
+        ids[:len(all_idx)] = all_idx
+        return all_idx
+
+    def _exchange(self, writes: dict[int, list], flags: int, seq: int, wait_for: list[int], deadline: float) -> None:
+        """Sends the writes, then the sequence flag to every rank written to, then waits for `wait_for`'s flags."""
+        self._send(writes, deadline)
+        self._signal(flags, seq, [r for r in writes if self._active[r]], deadline)
+        self._wait(flags, seq, wait_for, deadline)
 
     def _store_rows(self, offset: int, x: torch.Tensor, idx: torch.Tensor, use_fp8: bool) -> None:
         """Gathers x[idx] into the staging rows at `offset` (bf16 rows, or fp8 data followed by its scales)."""
@@ -348,9 +443,33 @@ class Buffer:
         else:
             torch.index_select(x, 0, idx, out=self._view(offset, torch.bfloat16, (c, hidden)))
 
-    def _collect(self, seq: int, local: int, t: int, hidden: int, use_fp8: bool):
+    def _received(self, seq: int, t: int) -> "_Received":
+        """Parses the dispatch metadata every active source wrote for call `seq`."""
         lay = self._layout
-        slots = self.world * t
+        local, slots = lay.local, self.world * t
+        got = _Received(torch.full((local, slots), -1, dtype=torch.int32),
+                        torch.zeros(local, self.world, dtype=torch.int64), [0] * local, {}, {})
+        for s in range(self.world):
+            if not self._active[s]:
+                continue
+            region = lay.dispatch_region(seq, s)
+            counts = self._view(region, torch.int32, (local,)).tolist()
+            ids = self._view(region + 4 * local, torch.int32, (local * t,))
+            blocks, first = [], 0
+            for le, c in enumerate(counts):
+                b = got.begins[le]
+                if c:
+                    got.src_info[le, b:b + c] = ids[first:first + c]
+                    blocks.append((le, first, b, c))
+                got.ranges[le, s] = (b << 32) | c
+                got.begins[le] += c
+                first += c
+            got.blocks[s], got.rows[s] = blocks, first
+        return got
+
+    def _collect(self, seq: int, t: int, hidden: int, use_fp8: bool):
+        lay = self._layout
+        local, slots = lay.local, self.world * t
         # Rows past recv_count[le] are unspecified, as in DeepEP. The output tensors are reused by call parity
         # (fresh 100 MB allocations would cost more in page faults than the exchange itself).
         key = (seq % 2, use_fp8)
@@ -361,35 +480,22 @@ class Buffer:
             else:
                 self._outputs[key] = (torch.empty(local, slots, hidden, dtype=torch.bfloat16), None)
         data, scales = self._outputs[key]
-        src_info = torch.full((local, slots), -1, dtype=torch.int32)
-        ranges = torch.zeros(local, self.world, dtype=torch.int64)
-        begins = [0] * local
-        for s in range(self.world):
-            if not self._active[s]:
-                continue
+        received = self._received(seq, t)
+        for s, blocks in received.blocks.items():
             region = lay.dispatch_region(seq, s)
-            counts = self._view(region, torch.int32, (local,)).tolist()
-            ids = self._view(region + 4 * local, torch.int32, (local * t,))
-            total = sum(counts)
+            total = received.rows[s]
             rows = self._view(region + lay.meta, torch.uint8, (max(total, 1), lay.row))[:total]
-            offset = 0
-            for le, c in enumerate(counts):
-                b = begins[le]
-                if c:
-                    block = rows[offset:offset + c]
-                    if use_fp8:
-                        data[le, b:b + c] = block[:, :hidden].view(torch.float8_e4m3fn)
-                        scales[le, b:b + c] = block[:, hidden:hidden + 4 * (hidden // layout.FP8_BLOCK)] \
-                            .contiguous().view(torch.float32)
-                    else:
-                        data[le, b:b + c] = block.view(torch.bfloat16)
-                    src_info[le, b:b + c] = ids[offset:offset + c]
-                ranges[le, s] = (b << 32) | c
-                begins[le] += c
-                offset += c
-        count = torch.tensor(begins, dtype=torch.int32)
+            for le, first, b, c in blocks:
+                block = rows[first:first + c]
+                if use_fp8:
+                    data[le, b:b + c] = block[:, :hidden].view(torch.float8_e4m3fn)
+                    scales[le, b:b + c] = block[:, hidden:hidden + 4 * (hidden // layout.FP8_BLOCK)] \
+                        .contiguous().view(torch.float32)
+                else:
+                    data[le, b:b + c] = block.view(torch.bfloat16)
+        count = torch.tensor(received.begins, dtype=torch.int32)
         recv_x = (data, scales) if use_fp8 else data
-        return recv_x, count, (src_info, ranges)
+        return recv_x, count, (received.src_info, received.ranges)
 
     # ------------------------------------------------------------------ combine
 
@@ -416,52 +522,75 @@ class Buffer:
             raise ValueError(f"x must be bf16 [{local}, {self.world * t}, {hidden}], got {x.dtype} {list(x.shape)}")
         if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_idx.shape:
             raise ValueError("topk_weights must be fp32 with the shape of topk_idx")
-        active = self._resolve_active(active_ranks)
-        lay = self._layout
+        expected = self._gpu.dev.torch_device if self._gpu is not None else torch.device("cpu")
+        if x.device != expected or topk_weights.device != expected:
+            raise ValueError(f"x and topk_weights must be on {expected} (where this Buffer's dispatch ran), "
+                             f"got {x.device} and {topk_weights.device}")
+        if out is not None and (out.dtype != torch.bfloat16 or tuple(out.shape) != (topk_idx.shape[0], hidden)
+                                or not out.is_contiguous() or out.device != x.device):
+            raise ValueError(f"out must be a contiguous bf16 [{topk_idx.shape[0]}, {hidden}] tensor on {x.device}")
+        self._resolve_active(active_ranks)
         self._combine_seq += 1
         seq = self._combine_seq
         deadline = self._deadline(timeout_us)
-        x = x.contiguous()
-        writes: dict[int, list] = {}
-        for s in range(self.world):
-            if not active[s]:
-                continue
-            stage = lay.send_combine + s * lay.answers
-            offset = 0
-            for le in range(local):
-                begin, c = layout.unpack_range(int(ranges[le, s]))
-                if c:
-                    self._view(stage + offset * lay.row, torch.bfloat16, (c, hidden)).copy_(x[le, begin:begin + c])
-                offset += c
-            writes[s] = [(stage, lay.combine_region(seq, self.rank), offset * lay.row)] if offset else []
-        self._send(writes, deadline)
-        flags = lay.area(seq, "combine_flags")
-        self._signal(flags, seq, [s for s in writes if active[s]], deadline)
-        per_expert = layout.tokens_per_expert(topk_idx, num_experts)
-        owners = sorted({e // local for e in range(num_experts) if len(per_expert[e])})
-        self._wait(flags, seq, owners, deadline)
-        weights = layout.slot_weights(topk_idx, topk_weights, num_experts)
-        acc = torch.zeros(topk_idx.shape[0], hidden, dtype=torch.float32)
-        for r in owners:
-            if not self._active[r]:
-                continue  # an inactive owner's experts contribute nothing
-            region = lay.combine_region(seq, r)
-            offset = 0
-            for le in range(local):
-                e = r * local + le
-                c = len(per_expert[e])
-                if c:
-                    rows = self._view(region + offset * lay.row, torch.bfloat16, (c, hidden))
-                    acc.index_add_(0, per_expert[e], rows.float().mul_(weights[e].unsqueeze(1)))
-                offset += c
+        pairs = layout.pairs_per_expert(topk_idx.cpu(), num_experts)
+        owners = sorted({e // local for e in range(num_experts) if len(pairs[e])})
+        if self._gpu is not None:
+            result = self._gpu.combine(x, pairs, topk_weights, ranges, owners, seq, deadline, out)
+        else:
+            result = self._combine_on_host(x.contiguous(), pairs, topk_idx, topk_weights, ranges, owners, seq,
+                                           deadline, out)
         if active_ranks is not None and active_ranks is not self._active:
             active_ranks.copy_(self._active)
+        hook = (lambda: None) if return_recv_hook else None
+        return result, EventOverlap(), hook
+
+    def _answer_plan(self, ranges: torch.Tensor):
+        """Per active source s: (s, its answers' staging offset, [(local expert, first recv_x row, count)] for the
+        non-empty blocks, in the order the answers are packed)."""
+        lay = self._layout
+        for s in range(self.world):
+            if self._active[s]:
+                blocks = [(le, *layout.unpack_range(int(ranges[le, s]))) for le in range(lay.local)]
+                yield s, lay.send_combine + s * lay.answers, [b for b in blocks if b[2]]
+
+    def _answers_received(self, pairs: list[torch.Tensor], owners: list[int], seq: int):
+        """Per active owner r: (r, its combine region, [(pairs answered, first row in the region)]) for the
+        non-empty experts of r. Inactive owners are left out: their experts contribute nothing."""
+        lay = self._layout
+        for r in owners:
+            if not self._active[r]:
+                continue
+            blocks, first = [], 0
+            for le in range(lay.local):
+                chosen = pairs[r * lay.local + le]
+                if len(chosen):
+                    blocks.append((chosen, first))
+                first += len(chosen)
+            yield r, lay.combine_region(seq, r), blocks
+
+    def _combine_on_host(self, x, pairs, topk_idx, topk_weights, ranges, owners, seq, deadline, out):
+        lay = self._layout
+        hidden, topk = x.shape[2], topk_idx.shape[1]
+        writes: dict[int, list] = {}
+        for s, stage, blocks in self._answer_plan(ranges):
+            offset = 0
+            for le, begin, c in blocks:
+                self._view(stage + offset * lay.row, torch.bfloat16, (c, hidden)).copy_(x[le, begin:begin + c])
+                offset += c
+            writes[s] = [(stage, lay.combine_region(seq, self.rank), offset * lay.row)] if offset else []
+        self._exchange(writes, lay.area(seq, "combine_flags"), seq, owners, deadline)
+        weights = topk_weights.reshape(-1)
+        acc = torch.zeros(topk_idx.shape[0], hidden, dtype=torch.float32)
+        for r, region, blocks in self._answers_received(pairs, owners, seq):
+            for chosen, first in blocks:
+                rows = self._view(region + first * lay.row, torch.bfloat16, (len(chosen), hidden))
+                acc.index_add_(0, chosen // topk, rows.float().mul_(weights[chosen].unsqueeze(1)))
         result = acc.to(torch.bfloat16)
         if out is not None:
             out.copy_(result)
             result = out
-        hook = (lambda: None) if return_recv_hook else None
-        return result, EventOverlap(), hook
+        return result
 
     # ------------------------------------------------------------------ validation
 

@@ -2,37 +2,10 @@
 bf16 and fp8, bad inputs, a stalled rank (timed out, then recovered) and a killed rank."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(world, scenario, timeout=180, backend="gloo"):
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_LOG_LEVEL": "ERROR",
-           "MC_EP_TEST_BACKEND": backend}
-    procs = [subprocess.Popen([sys.executable, "-m", "mooncake.ep.testing_worker", str(r), str(world), str(port),
-                               scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for r in range(world)]
-    reports = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        reports.append((p.returncode, out, err))
-    return reports
+from mooncake.ep.testing import run_ranks
 
 
 @pytest.mark.parametrize("world,backend", [(2, "gloo"), (4, "gloo"), (2, "mooncake-cpu"), (4, "mooncake-cpu")])
@@ -58,7 +31,7 @@ def test_stalled_rank_is_skipped_then_recovered():
     survivors = [json.loads(out) for _, out, _ in reports[:2]]
     for r in survivors:
         assert r["active_after_stall"] == [1, 1, 0]
-        assert r["round1_seconds"] < 6
+        assert r["round1_seconds"] < 8
     for _, out, _ in reports:
         assert json.loads(out)["active_after_recovery"] == [1, 1, 1]
 

@@ -15,12 +15,12 @@ FP8_MAX = 448.0
 FP8_BLOCK = 128
 
 
-def tokens_per_expert(topk_idx: torch.Tensor, num_experts: int) -> list[torch.Tensor]:
-    """For each global expert: the token indices routed to it, in the shared order (int64 tensors)."""
-    tokens, slots = topk_idx.shape
+def pairs_per_expert(topk_idx: torch.Tensor, num_experts: int) -> list[torch.Tensor]:
+    """For each global expert: its (token, slot) pairs as flat indices token * num_topk + slot, in the shared
+    order (int64 tensors). Token index = pair // num_topk; its weight = topk_weights.reshape(-1)[pair]."""
     flat = topk_idx.reshape(-1)
     valid = flat >= 0
-    order = torch.arange(tokens * slots, dtype=torch.int64)[valid]
+    order = torch.arange(flat.numel(), dtype=torch.int64)[valid]
     experts = flat[valid]
     # A stable sort by expert keeps (token, slot) order inside each expert.
     sorted_experts, perm = torch.sort(experts, stable=True)
@@ -28,24 +28,14 @@ def tokens_per_expert(topk_idx: torch.Tensor, num_experts: int) -> list[torch.Te
     counts = torch.bincount(sorted_experts, minlength=num_experts).tolist()
     out, start = [], 0
     for c in counts:
-        out.append(pairs[start:start + c] // slots)
+        out.append(pairs[start:start + c])
         start += c
     return out
 
 
-def slot_weights(topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> list[torch.Tensor]:
-    """For each global expert: the weights of its (token, slot) pairs, in the shared order."""
-    flat = topk_idx.reshape(-1)
-    valid = flat >= 0
-    weights = topk_weights.reshape(-1)[valid]
-    _, perm = torch.sort(flat[valid], stable=True)
-    counts = torch.bincount(flat[valid], minlength=num_experts).tolist()
-    sorted_w = weights[perm]
-    out, start = [], 0
-    for c in counts:
-        out.append(sorted_w[start:start + c])
-        start += c
-    return out
+def tokens_per_expert(topk_idx: torch.Tensor, num_experts: int) -> list[torch.Tensor]:
+    """For each global expert: the token indices routed to it, in the shared order (int64 tensors)."""
+    return [p // topk_idx.shape[1] for p in pairs_per_expert(topk_idx, num_experts)]
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

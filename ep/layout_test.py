@@ -7,10 +7,8 @@ def test_tokens_per_expert_keeps_token_order_and_skips_masked_slots():
     idx = torch.tensor([[2, 0], [0, -1], [1, 2]], dtype=torch.int64)
     got = [t.tolist() for t in layout.tokens_per_expert(idx, 4)]
     assert got == [[0, 1], [2], [0, 2], []]
-    w = torch.tensor([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
-    assert [t.tolist() for t in layout.slot_weights(idx, w, 4)] == [
-        [torch.tensor(0.2).item(), torch.tensor(0.3).item()], [torch.tensor(0.5).item()],
-        [torch.tensor(0.1).item(), torch.tensor(0.6).item()], []]
+    # Pairs are flat token * num_topk + slot indices: they address topk_weights.reshape(-1) directly.
+    assert [p.tolist() for p in layout.pairs_per_expert(idx, 4)] == [[1, 2], [4], [0, 5], []]
 
 
 def test_fp8_round_trip_within_e4m3_precision():

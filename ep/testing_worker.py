@@ -1,7 +1,9 @@
-"""One rank of the multi-process EP tests (run by buffer_test.py): checks dispatch/combine against a plain-torch
-reference that every rank computes for every other rank from shared seeds (no communication needed).
+"""One rank of the multi-process EP tests (run by buffer_test.py and rejoin_test.py): checks dispatch/combine
+against a plain-torch reference that every rank computes for every other rank from shared seeds (no
+communication needed).
 
 argv: rank world port scenario; prints one JSON line with its findings; exits non-zero on a failed check.
+The "rejoin" / "replacement" scenarios also take a folder (MC_EP_TEST_DIR) for signals to and from the test.
 """
 
 import json
@@ -16,6 +18,7 @@ from mooncake.ep import Buffer
 from mooncake.ep import layout
 
 T, HIDDEN, TOPK = 16, 256, 4
+DEVICE = os.environ.get("MC_EP_TEST_DEVICE", "cpu")  # "cuda": the GPU check runs the same scenarios on a GPU
 
 
 def inputs(rank: int, rnd: int, world: int, num_experts: int):
@@ -65,8 +68,15 @@ def expected_combine(rank, rnd, world, num_experts, active):
 
 
 def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us):
+    """One dispatch + combine checked against the reference. With MC_EP_TEST_DEVICE=cuda, the tensors given to
+    the Buffer live on the GPU (active_ranks included); checks run on CPU copies."""
     x, idx, w = inputs(rank, rnd, world, num_experts)
-    recv_x, count, handle, _, _ = buf.dispatch(x, idx, active, T, num_experts, timeout_us, use_fp8=use_fp8)
+    device_active = active.to(DEVICE)  # on CPU: `active` itself (.to and .cpu return the tensor unchanged)
+    recv_x, count, handle, _, _ = buf.dispatch(x.to(DEVICE), idx.to(DEVICE), device_active, T, num_experts,
+                                               timeout_us, use_fp8=use_fp8)
+    active.copy_(device_active.cpu())
+    recv_x = tuple(t.cpu() for t in recv_x) if use_fp8 else recv_x.cpu()
+    count = count.cpu()
     local = num_experts // world
     exp_rows = expected_recv(rank, rnd, world, num_experts, active)
     for le in range(local):
@@ -80,15 +90,115 @@ def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us):
     y = recv_x if not use_fp8 else torch.stack(
         [layout.dequantize_fp8(recv_x[0][le], recv_x[1][le]) for le in range(local)])
     y = torch.stack([expert(y[le], le) for le in range(local)])
-    combined, _, _ = buf.combine(y, idx, w, active, timeout_us, handle)
+    device_active = active.to(DEVICE)
+    combined, _, _ = buf.combine(y.to(DEVICE), idx.to(DEVICE), w.to(DEVICE), device_active, timeout_us, handle)
+    active.copy_(device_active.cpu())
+    combined = combined.cpu()
     ref = expected_combine(rank, rnd, world, num_experts, active)
     tol = 0.1 if use_fp8 else 0.02
     err = (combined.float() - ref).abs().max().item()
     assert err <= tol * max(1.0, ref.abs().max().item()), (rnd, err)
 
 
+def wait_for_file(path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def touch(path: str) -> None:
+    with open(path + ".tmp", "w"):
+        pass
+    os.rename(path + ".tmp", path)
+
+
+REJOIN_VICTIM = 1  # not rank 0: rank 0 hosts the store
+KILLED_ROUND_TIMEOUT_US = 3_000_000
+
+
+def rejoin(rank: int, world: int, port: int, scenario: str) -> int:
+    """A rank is SIGKILLed between rounds; the survivors go on without it, a replacement process takes its rank
+    in the mooncake-cpu group and in the EP Buffer, and every rank matches the full reference again.
+
+    Sequence (files in MC_EP_TEST_DIR): the victim writes `ready` after its rounds and waits to be killed; the
+    test kills it and writes `killed`; each survivor writes `dropped.<rank>` once the group dropped the victim;
+    the test then starts the "replacement" process, which says `ep_test/joining` in the store before join_group.
+    """
+    import datetime
+
+    import mooncake.pg as pg
+
+    signals = os.environ["MC_EP_TEST_DIR"]
+    victim = REJOIN_VICTIM
+    replacement = scenario == "replacement"
+    dist.init_process_group("mooncake-cpu", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            pg_options=pg.MooncakeBackendOptions(world, replacement),
+                            timeout=datetime.timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    num_experts = 4 * world
+    buf = Buffer(dist.group.WORLD)  # every process creates its Buffers in the same order, replacements too
+    active = torch.ones(world, dtype=torch.int32)
+    survivors = [r for r in range(world) if r != victim]
+    report = {"rank": rank, "replacement": replacement}
+    if not replacement:
+        run_round(buf, rank, world, 0, num_experts, active, False, 10_000_000)
+        buf.update_ep_member()  # a round of it before the kill, which the replacement never saw
+        run_round(buf, rank, world, 1, num_experts, active, True, 10_000_000)
+        assert active.tolist() == [1] * world, active
+        if rank == victim:
+            touch(os.path.join(signals, "ready"))
+            time.sleep(60)  # killed here
+            return 1
+        wait_for_file(os.path.join(signals, "killed"), 60)
+        # The victim's process is gone: the next call gives up on it within the timeout, and the reference
+        # leaves out its tokens (dispatch) and its experts (combine).
+        t0 = time.monotonic()
+        run_round(buf, rank, world, 2, num_experts, active, False, KILLED_ROUND_TIMEOUT_US)
+        report["dead_round_seconds"] = time.monotonic() - t0
+        report["active_after_kill"] = active.tolist()
+        assert active.tolist() == [0 if r == victim else 1 for r in range(world)], active
+        t0 = time.monotonic()
+        run_round(buf, rank, world, 3, num_experts, active, True, 10_000_000)  # the victim is not waited for
+        report["skip_round_seconds"] = time.monotonic() - t0
+        assert active[victim] == 0
+        # The application drops it from the process group as well (the same change from every survivor), so
+        # that a replacement can take its rank.
+        resp = pg.deactivate_ranks(dist.group.WORLD, [victim])
+        assert resp.status == pg.ProposalStatus.Applied, resp
+        assert pg.get_active_ranks(dist.group.WORLD) == survivors
+        touch(os.path.join(signals, f"dropped.{rank}"))
+        store.wait(["ep_test/joining"], datetime.timedelta(seconds=60))
+        resp = pg.recover_ranks(dist.group.WORLD, [victim])
+        assert resp.status == pg.ProposalStatus.Applied, resp
+    else:
+        store.set("ep_test/joining", "1")
+        pg.join_group(dist.group.WORLD, timeout_s=60)
+    assert pg.get_active_ranks(dist.group.WORLD) == list(range(world))
+    # Every rank, the replacement included, re-reads the registrations and aligns the call counters.
+    buf.update_ep_member()
+    active.fill_(1)
+    for rnd, fp8 in [(4, False), (5, True), (6, False)]:
+        run_round(buf, rank, world, rnd, num_experts, active, fp8, 10_000_000)
+        assert active.tolist() == [1] * world, (rnd, active)
+    report["active_after_rejoin"] = active.tolist()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t[0].item() == world
+    # Rank 0 hosts the store: it leaves only after the others are done with it.
+    if rank != 0:
+        store.set(f"ep_test/exit/{rank}", "1")
+    else:
+        store.wait([f"ep_test/exit/{r}" for r in range(1, world)], datetime.timedelta(seconds=60))
+    print(json.dumps(report), flush=True)
+    os._exit(0)  # the group lost a member on the way: skip its teardown
+
+
 def main() -> int:
     rank, world, port, scenario = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    if scenario in ("rejoin", "replacement"):
+        return rejoin(rank, world, port, scenario)
     backend = os.environ.get("MC_EP_TEST_BACKEND", "gloo")
     if backend == "mooncake-cpu":
         import mooncake.pg  # noqa: F401  (registers the backend)
@@ -101,6 +211,7 @@ def main() -> int:
         for rnd, fp8 in enumerate([False, True, False]):
             run_round(buf, rank, world, rnd, num_experts, active, fp8, 10_000_000)
         report["active"] = active.tolist()
+        report["path"] = "gpu" if buf._gpu is not None else "cpu"
     elif scenario == "errors":
         x, idx, _ = inputs(rank, 0, world, num_experts)
         checks = {
@@ -122,15 +233,17 @@ def main() -> int:
         # back after update_ep_member().
         victim = world - 1
         run_round(buf, rank, world, 0, num_experts, active, False, 10_000_000)
+        # The survivors' timeout leaves room for a loaded machine (a survivor must not time out on another);
+        # the victim sleeps well past it.
         if rank == victim:
-            time.sleep(3)
+            time.sleep(5)
             try:
                 run_round(buf, rank, world, 1, num_experts, active, False, 1_000_000)
             except AssertionError:
                 pass  # it missed its peers' combine answers: expected
         else:
             t0 = time.monotonic()
-            run_round(buf, rank, world, 1, num_experts, active, False, 1_000_000)
+            run_round(buf, rank, world, 1, num_experts, active, False, 2_500_000)
             report["round1_seconds"] = time.monotonic() - t0
             report["active_after_stall"] = active.tolist()
             assert active[victim] == 0 and sum(active.tolist()) == world - 1

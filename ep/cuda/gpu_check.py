@@ -1,0 +1,225 @@
+"""The GPU check of mooncake.ep's CUDA path, for a machine with a GPU: builds, checks against the CPU path, times.
+
+Run from the repository root: `python3 ep/cuda/gpu_check.py [--out DIR]` (no Bazel needed; under Bazel,
+`bazel run //ep/cuda:gpu_check`). Steps:
+  1. build: libmooncake_ep_cuda.so next to ep/cuda/device.py with nvcc, unless it is there already;
+  2. kernels: pack (bf16 and fp8 quantization), unpack and combine on the GPU equal the host emulation, which
+     computes the CPU path's formats (fp8 data and scales bit for bit; combine to bf16 rounding);
+  3. CUDA IPC: a second process allocates device memory and hands over its IPC handle; this process maps it,
+     copies into it device-to-device and the owner verifies the bytes;
+  4. timing, DeepEP's low-latency shape (128 tokens, hidden 7168, top-8): each kernel's time and bandwidth
+     against a device-to-device copy of the same bytes measured in the same run (the ratio is printed);
+  5. end to end: 2 processes on this GPU run Buffer.dispatch/combine with CUDA tensors against the CPU
+     reference, when the Transfer Engine extension (mooncake.engine) imports in this Python; otherwise the
+     step says why it was skipped.
+Prints one line per check and a JSON summary (also written to DIR/gpu_check.json); exit status 0 when every
+check that ran passed, 1 otherwise, 2 when there is no usable GPU (with the reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))  # the source tree's mooncake package (joins ep/ as mooncake.ep)
+
+import torch  # noqa: E402
+
+from mooncake.ep import layout  # noqa: E402
+from mooncake.ep.cuda import device as devmod  # noqa: E402
+from mooncake.ep.cuda.emulation import HostEmulatedDevice  # noqa: E402
+
+ARCH = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=[sm_90,compute_90]"]
+
+
+def build() -> str:
+    lib = os.path.join(HERE, devmod.LIBRARY)
+    if os.path.exists(lib):
+        return f"using {lib}"
+    cmd = ["nvcc", "-shared", "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *ARCH,
+           os.path.join(HERE, "ep_kernels.cu"), "-o", lib]
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True)
+    return f"built {lib} in {time.monotonic() - t0:.1f} s"
+
+
+def check_kernels(gpu) -> dict:
+    emu = HostEmulatedDevice()
+    hidden, n, topk = 7168, 96, 8
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(200, hidden, generator=g) * torch.logspace(-2, 2, hidden)).to(torch.bfloat16)
+    rows = torch.randperm(200, generator=g)[:n]
+    row_bytes = 2 * hidden
+    offsets = 64 + torch.arange(n, dtype=torch.int64) * 2 * row_bytes  # gaps between rows
+    size = 64 + 2 * n * row_bytes
+    dst = torch.randperm(n, generator=g)
+    slots = torch.randint(-1, n, (n // topk * 2, topk), generator=g)
+    slot_offsets = torch.where(slots >= 0, offsets[slots.clamp(min=0)], torch.tensor(-1)).reshape(-1)
+    weights = torch.rand(slots.shape, generator=g)
+    results = {}
+    for fp8 in (False, True):
+        outs = []
+        for dev in (gpu, emu):
+            d = dev.torch_device
+            base = dev.malloc(size)
+            dev.pack_rows(x.to(d), rows.to(d), offsets.to(d), hidden, base, fp8)
+            data = torch.empty(n, hidden, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=d)
+            scales = torch.empty(n, hidden // 128, dtype=torch.float32, device=d) if fp8 else None
+            dev.unpack_rows(base, offsets.to(d), dst.to(d), hidden, data, scales, fp8)
+            combined = torch.empty(slots.shape[0], hidden, dtype=torch.bfloat16, device=d)
+            if not fp8:
+                dev.combine_tokens(base, slot_offsets.to(d), weights.to(d), hidden, combined)
+            dev.synchronize()
+            outs.append((data.cpu(), scales.cpu() if fp8 else None, combined.cpu()))
+            dev.free(base)
+        (gd, gs, gc), (ed, es, ec) = outs
+        name = "fp8" if fp8 else "bf16"
+        results[f"pack_unpack_{name}"] = bool(torch.equal(gd.view(torch.uint8), ed.view(torch.uint8)))
+        if fp8:
+            results["fp8_scales"] = bool(torch.equal(gs, es))
+            ref_data, ref_scales = layout.quantize_fp8(x[rows])
+            back = torch.empty_like(ref_data)
+            back[dst] = ref_data
+            results["fp8_matches_cpu_quantize"] = bool(torch.equal(gd.view(torch.uint8), back.view(torch.uint8)))
+        else:
+            diff = (gc.float() - ec.float()).abs().max().item()
+            results["combine_max_abs_diff"] = diff
+            results["combine"] = diff <= 0.01 * max(1.0, ec.float().abs().max().item())
+    return results
+
+
+def _ipc_owner(conn) -> None:
+    gpu = devmod.CudaDevice(torch.device("cuda:0"))
+    base = gpu.malloc(1 << 20)
+    conn.send(gpu.ipc_handle(base))
+    conn.recv()  # the peer wrote
+    got = gpu.as_tensor(base, 1 << 20).cpu()
+    conn.send(bool(torch.equal(got, torch.arange(1 << 20, dtype=torch.int64).remainder(251).to(torch.uint8))))
+
+
+def check_ipc(gpu) -> dict:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_ipc_owner, args=(child,))
+    proc.start()
+    try:
+        handle = parent.recv()
+        mapped = gpu.ipc_open(handle)
+        src = torch.arange(1 << 20, dtype=torch.int64, device="cuda").remainder(251).to(torch.uint8)
+        gpu.copy(mapped, src.data_ptr(), 1 << 20, devmod.D2D)
+        gpu.synchronize()
+        parent.send("written")
+        ok = parent.recv()
+        gpu.ipc_close(mapped)
+    finally:
+        proc.join(30)
+    return {"ipc_write_visible_to_owner": ok}
+
+
+def _time(fn, iters=50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters * 1e3  # microseconds
+
+
+def time_kernels(gpu) -> dict:
+    tokens, hidden, topk = 128, 7168, 8
+    n = tokens * topk
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    rows = torch.arange(n, device="cuda") % tokens
+    row_bytes = 2 * hidden
+    offsets = torch.arange(n, dtype=torch.int64, device="cuda") * row_bytes
+    base = gpu.malloc(n * row_bytes)
+    dst = torch.arange(n, dtype=torch.int64, device="cuda")
+    data = torch.empty(n, hidden, dtype=torch.bfloat16, device="cuda")
+    data8 = torch.empty(n, hidden, dtype=torch.float8_e4m3fn, device="cuda")
+    scales = torch.empty(n, hidden // 128, dtype=torch.float32, device="cuda")
+    slot_offsets = offsets.view(tokens, topk).reshape(-1)
+    weights = torch.rand(tokens, topk, device="cuda")
+    out = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    payload = n * row_bytes
+    copy_src = torch.empty(payload, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    times = {
+        "d2d_copy": _time(lambda: copy_dst.copy_(copy_src)),
+        "pack_bf16": _time(lambda: gpu.pack_rows(x, rows, offsets, hidden, base, False)),
+        "pack_fp8": _time(lambda: gpu.pack_rows(x, rows, offsets, hidden, base, True)),
+        "unpack_bf16": _time(lambda: gpu.unpack_rows(base, offsets, dst, hidden, data, None, False)),
+        "unpack_fp8": _time(lambda: gpu.unpack_rows(base, offsets, dst, hidden, data8, scales, True)),
+        "combine": _time(lambda: gpu.combine_tokens(base, slot_offsets, weights, hidden, out)),
+    }
+    gpu.free(base)
+    moved = {"d2d_copy": payload, "pack_bf16": payload, "pack_fp8": payload // 2 + n * hidden // 32,
+             "unpack_bf16": payload, "unpack_fp8": payload // 2 + n * hidden // 32, "combine": payload}
+    report = {}
+    copy_rate = 2 * payload / times["d2d_copy"] / 1e3  # GB/s, read + write
+    for name, us in times.items():
+        rate = (moved[name] + min(moved[name], payload)) / us / 1e3
+        report[name] = {"us": round(us, 2), "GB/s": round(rate, 1), "vs_d2d_copy": round(rate / copy_rate, 3)}
+    return report
+
+
+def end_to_end() -> dict:
+    try:
+        import mooncake.engine  # noqa: F401
+    except ImportError as e:
+        return {"skipped": f"the Transfer Engine extension does not import in this Python ({e}); build it for "
+                           f"{sys.version.split()[0]} to run the 2-process check"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_EP_TEST_DEVICE": "cuda"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "ep", "buffer_test.py"),
+           "-k", "match_the_reference"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return {"passed": proc.returncode == 0, "output": proc.stdout[-2000:] + proc.stderr[-2000:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for gpu_check.json")
+    args = parser.parse_args()
+    summary = {}
+    try:
+        summary["build"] = build()
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"build failed: {e}")
+        return 1
+    reason = devmod.unavailable_reason()
+    if reason:
+        print(f"no usable GPU: {reason}")
+        return 2
+    gpu = devmod.CudaDevice(torch.device("cuda:0"))
+    summary["device"] = torch.cuda.get_device_name(0)
+    ok = True
+    for name, step in (("kernels", lambda: check_kernels(gpu)), ("ipc", lambda: check_ipc(gpu)),
+                       ("timing", lambda: time_kernels(gpu)), ("end_to_end", end_to_end)):
+        try:
+            summary[name] = step()
+        except Exception:  # a failed step is reported and the others still run
+            summary[name] = {"error": traceback.format_exc()}
+        result = summary[name]
+        passed = "error" not in result and all(v is not False for v in result.values()) and \
+            result.get("passed", True) is not False
+        ok &= passed
+        print(f"{name}: {'ok' if passed else 'FAILED'} {json.dumps(result)[:1500]}", flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
