@@ -302,10 +302,11 @@ def run_compare(args) -> int:
                     chunk = max(1, iters // 10)
                     for write in (True, False):
                         acc = results.setdefault((n, count, "write" if write else "read"), ([], [], []))
-                        op = te_op(ep, target.info, write, n, count)
                         for _ in range(0, iters, chunk):
+                            # Both sides are timed by a C++ loop (no interpreter between operations).
                             r_chunk = raw.timed(write, ep.addr, n, count, chunk)
-                            t_chunk = timed(op, chunk)
+                            t_chunk = bench.time_engine(ep.engine, write, target.info["segment"], ep.addr,
+                                                        target.info["buffer"], n, count, chunk)
                             acc[1].extend(r_chunk)
                             acc[0].extend(t_chunk)
                             acc[2].append(sum(r_chunk) / sum(t_chunk))  # paired: same moment, same machine
