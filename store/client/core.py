@@ -23,11 +23,14 @@ client (readers may see the new value), and a master restart (detected within on
 cache is dropped). This client's own remove/upsert/remove_* drop the affected entries at once; a failed
 read through a cached entry drops it and retries once with a fresh lookup. Cache hits do not extend leases.
 
-SSD tier (``enable_ssd_offload``): puts are also written to files (ssd.py) that the master records as
-LOCAL_DISK replicas of this client; this client serves them to readers (disk_serve.py) and re-reports its
-files after a restart or a remount. A read whose object only has a disk replica asks its owner (this
-client: a file read) and pulls the bytes from the owner's staging memory; the owner says when the object
-became hot and the reader then gives it a memory replica again (PutStart ``promote``).
+SSD tier (``enable_ssd_offload``): the objects in this client's segment, whoever wrote them, are persisted
+by this client (owner-driven, as in Mooncake): the master hands it offload tasks with its pings (as many as
+its tier's queue takes), the tier copies each object from the segment into a file (ssd.py) and reports it
+with the task's version; the master records it as a LOCAL_DISK replica of this client unless the object
+changed meanwhile. This client serves its files to readers (disk_serve.py) and re-reports them after a
+restart or a remount. A read whose object only has a disk replica asks its owner (this client: a file read)
+and pulls the bytes from the owner's staging memory; the owner says when the object became hot and the
+reader then gives it a memory replica again (PutStart ``promote``).
 
 Threading: every public method may be called from several threads once ``setup`` returned.
 """
@@ -143,7 +146,8 @@ class StoreCore:
         connect_s = float(os.environ.get("MC_RPC_CONNECT_TIMEOUT_MS", 5000)) / 1000
         try:
             self._master.wait_ready(timeout=connect_s)
-            self._view = self._master.call("GetServiceInfo").view_version
+            info = self._master.call("GetServiceInfo")
+            self._view = info.view_version
             if os.environ.get("MC_STORE_FAST_RPC", "1") != "0":
                 self._master.use_fast_path()
         except (grpc.FutureTimeoutError, grpc.RpcError) as e:
@@ -179,23 +183,9 @@ class StoreCore:
             except (OSError, ValueError) as e:
                 _log.error("setup: SSD tier at %r unusable: %s", cfg.ssd_offload_path, e)
                 return int(ErrorCode.INVALID_PARAMS)
-        if self._global[1]:
-            self._segment_id = uuid.uuid4().hex
-            seg = make_segment(self._segment_id, self._segment_name, self._global[0], self._global[1],
-                               self._segment_name, cfg.protocol)
-            try:
-                code = self._master.mount(seg)
-            except grpc.RpcError as e:
-                code = _rpc_code(e)
-            if code != OK:
-                _log.error("setup: mounting the global segment failed: %s", code_name(code))
-                self._segment_id = ""
-                return code
-        else:
-            self._rpc("ReMountSegment", segments=[])  # register as an alive client without memory
         from mooncake.store.client.disk_serve import DiskPeers, DiskServer, advertised_host
         self._disk_peers = DiskPeers()
-        if self._disk is not None:
+        if self._disk is not None:  # before the segment: what is put there from the start gets persisted
             try:
                 self._disk_server = DiskServer(self._disk, engine, self._staging, self._segment_name,
                                                advertised_host(self._segment_name),
@@ -210,7 +200,27 @@ class StoreCore:
                 return code
             self._master.on_remount = self._mount_disk
             self._master.on_disk_drops = self._on_disk_drops
-        self._master.start_heartbeat(float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", 1.0)))
+            self._master.offload_capacity = self._disk.free_slots
+            self._master.on_offload = self._on_offload
+        if self._global[1]:
+            self._segment_id = uuid.uuid4().hex
+            seg = make_segment(self._segment_id, self._segment_name, self._global[0], self._global[1],
+                               self._segment_name, cfg.protocol)
+            try:
+                code = self._master.mount(seg)
+            except grpc.RpcError as e:
+                code = _rpc_code(e)
+            if code != OK:
+                _log.error("setup: mounting the global segment failed: %s", code_name(code))
+                self._segment_id = ""
+                return code
+        else:
+            self._rpc("ReMountSegment", segments=[])  # register as an alive client without memory
+        # Well inside the master's client TTL, else a late ping expires this client (and drops its segment).
+        interval = float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", 1.0))
+        if info.client_ttl_sec > 0:
+            interval = min(interval, info.client_ttl_sec / 3)
+        self._master.start_heartbeat(interval)
         if self._global[1]:
             from mooncake.store.client.tasks import TaskRunner
             self._tasks = TaskRunner(self)
@@ -262,7 +272,7 @@ class StoreCore:
         if self._cfg is None or master is None:
             return 1
         try:
-            master.call("Ping", timeout=2.0)
+            master.call("GetServiceInfo", timeout=2.0)  # not Ping: its reply may carry work for the heartbeat
             return 0
         except grpc.RpcError:
             return 2
@@ -315,16 +325,50 @@ class StoreCore:
         return OK
 
     def _report_stored(self, objects: list) -> tuple[list, bool]:
-        reply = self._rpc("NotifyOffloadSuccess",
-                          objects=[pb.DiskObject(key=k, size=n, seq=seq) for k, n, seq in objects])
+        reply = self._rpc("NotifyOffloadSuccess", objects=[pb.DiskObject(key=k, size=n, seq=seq, version=v)
+                                                           for k, n, seq, v in objects])
         if isinstance(reply, int):
             return [], reply == NOT_READY  # closed: nothing to retry; RPC failure: offer them again
-        return [(k, seq) for (k, _, seq), c in zip(objects, reply.codes) if c == _NOT_FOUND], True
+        return [(k, seq) for (k, _, seq, _), c in zip(objects, reply.codes) if c == _NOT_FOUND], True
 
     def _on_disk_drops(self, objects: list) -> None:
         disk = self._disk
         if disk is not None:
             disk.discard([(o.key, o.seq) for o in objects])
+
+    def _on_offload(self, tasks: list) -> None:
+        """Offload tasks from a ping: the tier writes each object from this client's segment memory (no copy
+        before the write; if the master reused the memory meanwhile, it refuses the report and the file goes).
+        The segment stays mapped until the tier is closed."""
+        disk = self._disk
+        base, size = self._global
+        if disk is None:
+            return
+        for t in tasks:
+            if not (base <= t.address and t.address + t.size <= base + size) or t.size == 0:
+                _log.warning("SSD tier: offload task for %r outside this client's segment; ignored", t.key)
+                continue
+            view = memoryview((ctypes.c_char * t.size).from_address(t.address)).cast("B")
+            disk.submit(t.key, view, t.version)
+
+    def _flush_disk(self, timeout: float = 30.0) -> bool:
+        """Waits until every object committed to this client's segment so far is persisted by its SSD tier
+        (or its offload task failed or was dropped): pings for tasks until the master has none queued, then
+        drains the tier. False on timeout or without an SSD tier."""
+        master, disk = self._master, self._disk
+        if master is None or disk is None:
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = master.ping_once()
+            except grpc.RpcError:
+                time.sleep(0.05)
+                continue
+            disk.flush(max(0.0, deadline - time.monotonic()))
+            if not reply.offload_backlog:
+                return True
+        return False
 
     def _report_evicted(self, objects: list) -> None:
         self._rpc("EvictDiskReplica", objects=[pb.DiskObject(key=k, seq=seq) for k, seq in objects])
@@ -451,7 +495,7 @@ class StoreCore:
                  upsert: bool = False, promote: bool = False) -> list[int]:
         """Writes object keys[i] = concatenation of sources[i] (list of (addr, len)). Per-key 0 / negative.
         An existing key is left unchanged and reported 0 (put); upsert overwrites. promote: memory replicas
-        for objects that only have a disk replica (not written to this client's SSD tier)."""
+        for objects that only have a disk replica (the master queues no offload for them: they are on disk)."""
         config = config if config is not None else ReplicateConfig()
         code = config.validate()
         if code != OK:
@@ -516,11 +560,6 @@ class StoreCore:
                 results[i] = c
         if bad:
             self._rpc(prefix + "Revoke", keys=bad)
-        disk = self._disk
-        if disk is not None and not promote:
-            for i in started:
-                if results[i] == OK:
-                    disk.submit(keys[i], b"".join(ctypes.string_at(a, n) for a, n in sources[i]))
         return results
 
     def read_many(self, keys: list[str], entries: list, dests: list, registered: bool) -> list[int]:

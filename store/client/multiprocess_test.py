@@ -152,7 +152,9 @@ def _wait(fn, timeout: float = 15.0):
 
 
 def test_copy_and_move_tasks(cluster):
-    m = cluster(MasterProcess, *FAST)
+    # A 2 s read lease: the copy's first Transfer Engine connection may take longer than FAST's 200 ms on a
+    # loaded machine, and a read whose lease ran out is (rightly) refused.
+    m = cluster(MasterProcess, "--client_ttl=1", "--monitor_interval_ms=50", "--default_kv_lease_ttl=2000")
     a, b, c = (cluster(StoreWorker, m.address, env={"MC_STORE_TASK_POLL_MS": "50"}) for _ in range(3))
     value = pattern(200 * KiB, 5)
     assert a.call("put", "t", value, config={"preferred_segments": [a.hostname]}) == 0

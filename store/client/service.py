@@ -4,12 +4,17 @@ The cache then survives restarts of inference processes: they set up with ``glob
 contribute no memory) and their puts land in this process's segment. The service mounts its segment with
 the master, keeps it alive with the heartbeat (re-mounting after a master restart) and unmounts it on
 SIGINT/SIGTERM. It prints one line once ready: ``mooncake_client ready: segment <name> size <bytes> master
-<addr>``. Exit status: 0 after a signal, 1 when setup failed (the reason is logged).
+<addr>`` (then `` ssd <dir>`` with an SSD tier). Exit status: 0 after a signal, 1 when setup failed (the
+reason is logged).
 
 Flags (Mooncake's names where they exist): --master_server_address (127.0.0.1:50051), --host / local
 hostname (MOONCAKE_LOCAL_HOSTNAME, else 127.0.0.1), --metadata_server (P2PHANDSHAKE), --protocol (tcp),
---device_names (""), --global_segment_size (4GB; human-readable sizes), --local_buffer_size (0).
-Not implemented: dummy clients (``setup_dummy``, the RPC port 50052) and the SSD tier.
+--device_names (""), --global_segment_size (4GB; human-readable sizes), --local_buffer_size (0),
+--enable_offload (false; alias --enable_ssd_offload) with --ssd_offload_path (else
+MOONCAKE_OFFLOAD_FILE_STORAGE_PATH): an SSD tier that persists every object of the pool, whoever wrote it
+(the master hands this process the objects committed to its segment; see store/README.md), and serves the
+files to readers; they stay readable after eviction from memory and across restarts of this process.
+Not implemented: dummy clients (``setup_dummy``, the RPC port 50052).
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ import sys
 import threading
 
 
+def _bool(text: str) -> bool:
+    v = text.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mooncake_client", description=__doc__.split("\n\n")[0])
     p.add_argument("--master_server_address", default="127.0.0.1:50051")
@@ -31,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device_names", default="")
     p.add_argument("--global_segment_size", default="4GB")
     p.add_argument("--local_buffer_size", default="0")
+    p.add_argument("--enable_offload", "--enable_ssd_offload", dest="enable_offload", type=_bool, nargs="?",
+                   const=True, default=False, metavar="BOOL")
+    p.add_argument("--ssd_offload_path", default="")
     p.add_argument("--log_level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -39,15 +56,17 @@ def main(argv: list[str] | None = None) -> int:
 
     store = MooncakeDistributedStore()
     code = store.setup(args.host, args.metadata_server, args.global_segment_size, args.local_buffer_size,
-                       args.protocol, args.device_names, args.master_server_address)
+                       args.protocol, args.device_names, args.master_server_address,
+                       enable_ssd_offload=args.enable_offload, ssd_offload_path=args.ssd_offload_path)
     if code != 0:
         print(f"mooncake_client: error: setup failed ({code}); see the log above", file=sys.stderr)
         return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    ssd = f" ssd {store._disk.path}" if store._disk is not None else ""
     print(f"mooncake_client ready: segment {store.get_hostname()} size {store._global[1]} master "
-          f"{args.master_server_address}", flush=True)
+          f"{args.master_server_address}{ssd}", flush=True)
     while not stop.wait(1.0):
         pass
     store.close()

@@ -1,13 +1,15 @@
 """SSD tier of a store client (``enable_ssd_offload=True``, ``ssd_offload_path``): a local file per object.
 
-Write path: every successful put/upsert of this client is queued and written by one background thread
-(write-through, so an object the master later evicts from memory is already on disk; a full queue drops
-the write and counts it). Files are written to a temporary name and renamed, so a crash never leaves a
-torn object. After each batch of writes the thread reports the new files (``Reporter.stored``: the client
-sends NotifyOffloadSuccess, and the master records them as LOCAL_DISK replicas) and the files the capacity
-limit deleted (``Reporter.evicted``: EvictDiskReplica). Files the master finds obsolete (the object was
-removed or overwritten) come back through ``discard`` and are deleted by the same thread, so deletions and
-writes of one key never race.
+Write path (owner-driven): the master hands the client offload tasks for the objects committed to its
+segment, whoever wrote them; the client ``submit``s each with the object's bytes (a view of its segment
+memory) and the task's version, as many as ``free_slots`` allows (beyond, a submit is dropped and counted).
+One background thread writes them, to a temporary name renamed into place (a crash never leaves a torn
+object), straight from that memory. After each batch of writes it reports the new files
+(``Reporter.stored``: the client sends NotifyOffloadSuccess with the versions; the master records them as
+LOCAL_DISK replicas, or answers that the object changed since the task, i.e. the copy may be torn, and the
+file is deleted) and the files the capacity limit deleted (``Reporter.evicted``: EvictDiskReplica). Files
+the master finds obsolete (the object was removed or overwritten) come back through ``discard`` and are
+deleted by the same thread, so deletions and writes of one key never race.
 
 Versions: each file carries ``seq``, increasing per directory (the next one follows the largest found at
 start-up). The master keeps the seq of the file it recorded; reads and deletions name it, so an older
@@ -52,9 +54,9 @@ _MAX_UNREPORTED = 1 << 16
 class Reporter:
     """What the tier tells its client (which tells the master); the default reports nothing."""
 
-    def stored(self, objects: list[tuple[str, int, int]]) -> tuple[list[tuple[str, int]], bool]:
-        """New files (key, size, seq). Returns (files to delete as obsolete: (key, seq), delivered); not
-        delivered: the same objects are offered again later."""
+    def stored(self, objects: list[tuple[str, int, int, int]]) -> tuple[list[tuple[str, int]], bool]:
+        """New files (key, size, seq, the master's offload task version). Returns (files to delete as
+        obsolete: (key, seq), delivered); not delivered: the same objects are offered again later."""
         return [], True
 
     def evicted(self, objects: list[tuple[str, int]]) -> None:
@@ -112,12 +114,20 @@ class DiskTier:
             self._seq = max(self._seq, seq)
 
     # -- writes ------------------------------------------------------------------------------------------------
-    def submit(self, key: str, data: bytes) -> None:
-        """Queues `data` as the disk copy of `key` (replacing an older one)."""
+    def submit(self, key: str, data, version: int = 0) -> bool:
+        """Queues `data` (a bytes-like object, read when the file is written) as the disk copy of `key`
+        (replacing an older one), written for the master's offload task `version`. False when the queue is
+        full (the write is dropped and counted)."""
         try:
-            self._queue.put_nowait(("write", key, data))
+            self._queue.put_nowait(("write", key, (data, version)))
+            return True
         except queue.Full:
             self.dropped += 1
+            return False
+
+    def free_slots(self) -> int:
+        """How many more submits the queue takes now."""
+        return max(0, QUEUE_LIMIT - self._queue.qsize() - 1)  # one slot kept for a discard or a flush
 
     def discard(self, objects: list[tuple[str, int]]) -> None:
         """Queues the deletion of files (key, seq; seq 0: whatever version) the master found obsolete."""
@@ -145,7 +155,7 @@ class DiskTier:
             for op, a, b in items:
                 if op == "write":
                     try:
-                        self._write(a, b, stored, evicted)
+                        self._write(a, b[0], b[1], stored, evicted)
                     except OSError as e:
                         _log.warning("SSD tier: writing %r failed: %s", a, e)
                 elif op == "discard":
@@ -174,7 +184,8 @@ class DiskTier:
         except Exception:  # a reporter bug must not stop the writer
             _log.exception("SSD tier: reporting to the master failed")
 
-    def _write(self, key: str, data: bytes, stored: list, evicted: list) -> None:
+    def _write(self, key: str, data, version: int, stored: list, evicted: list) -> None:
+        data = memoryview(data).cast("B")
         if len(data) > self.capacity:
             return
         kb = key.encode()
@@ -196,7 +207,7 @@ class DiskTier:
                 self._hits.pop(k, None)
                 self._unlink(k)
                 evicted.append((k, s))
-        stored.append((key, len(data), seq))
+        stored.append((key, len(data), seq, version))
 
     def _delete(self, objects) -> None:
         with self._lock:

@@ -17,7 +17,8 @@ line is one request answered by exactly one stdout line, in order:
       a buffer of S bytes given to register_buffer (and unregistered afterwards).
   {"op": "descs", "key": K} -> {"ok": true, "descs": [{"memory": bool, "local_disk": bool, "size": n,
       "client_id": owner (disk), "endpoint": ...}]}: get_replica_desc(K) in plain form.
-  {"op": "flush_disk"} -> {"ok": true}: waits until the SSD tier wrote (and reported) everything queued.
+  {"op": "flush_disk"} -> {"ok": true, "done": bool}: waits until this client's SSD tier persisted (and
+      reported) every object committed to its segment so far.
   {"op": "client_id"} -> {"ok": true, "client_id": this client's id at the master}.
   {"op": "exit"} -> {"ok": true}, then the store is closed and the process exits.
 A failing request is answered {"ok": false, "error": "..."}; the process keeps going.
@@ -104,8 +105,7 @@ def _handle(store: MooncakeDistributedStore, req: dict) -> dict:
                             "endpoint": md.transport_endpoint})
         return {"ok": True, "descs": out}
     if op == "flush_disk":
-        store._disk.flush()
-        return {"ok": True}
+        return {"ok": True, "done": store._flush_disk()}
     if op == "client_id":
         return {"ok": True, "client_id": store._master.client_id}
     raise ValueError(f"unknown op {op!r}")

@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("http_metadata_server_host", str, d.http_metadata_server_host, "embedded metadata server address")
     flag("http_metadata_server_port", _port, d.http_metadata_server_port, "embedded metadata server port")
     flag("cluster_id", str, d.cluster_id, "cluster id")
+    flag("offloading_queue_limit", _ranged(int, 0), d.offloading_queue_limit,
+         "offload tasks queued per SSD-tier owner; new ones beyond are dropped (0: persist nothing)")
     flag("monitor_interval_ms", _positive_int, d.monitor_interval_ms,
          "period of client expiry / stuck-put / watermark checks")
     flag("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR")
@@ -179,7 +181,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[MasterConfig, str]:
         metrics_port=args.metrics_port, enable_http_metadata_server=args.enable_http_metadata_server,
         http_metadata_server_host=args.http_metadata_server_host,
         http_metadata_server_port=args.http_metadata_server_port, cluster_id=args.cluster_id,
-        monitor_interval_ms=args.monitor_interval_ms)
+        monitor_interval_ms=args.monitor_interval_ms, offloading_queue_limit=args.offloading_queue_limit)
     try:
         cfg.validate()
     except ValueError as e:

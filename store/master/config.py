@@ -52,6 +52,9 @@ class MasterConfig:
     http_metadata_server_host: str = "0.0.0.0"
     http_metadata_server_port: int = 8080
     cluster_id: str = "mooncake_cluster"
+    # SSD tier: offload tasks queued per owner (segment owner with a disk tier) beyond which new ones are
+    # dropped (counted); the object then stays memory-only
+    offloading_queue_limit: int = 50_000
     # Background monitor period (client expiry, put timeouts, watermark eviction)
     monitor_interval_ms: int = 100
 
@@ -86,3 +89,5 @@ class MasterConfig:
         check(self.pending_task_timeout_sec > 0 and self.processing_task_timeout_sec > 0,
               "task timeouts must be > 0")
         check(self.monitor_interval_ms >= 1, "--monitor_interval_ms must be >= 1")
+        check(self.offloading_queue_limit >= 0,
+              f"--offloading_queue_limit must be >= 0, got {self.offloading_queue_limit}")

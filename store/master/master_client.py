@@ -8,7 +8,9 @@ transport failures raise ``grpc.RpcError`` (the store client maps them to RPC_FA
 Segments mounted through ``mount`` are remembered, so the heartbeat (``start_heartbeat``) can re-mount them
 when the master answers NEED_REMOUNT (it expired this client, or it restarted). Hooks for the SSD tier:
 ``on_remount()`` runs after such a re-mount (re-declare state the master lost), ``on_disk_drops(objects)``
-receives the obsolete-file notices of a ping reply (``PingReply.drop_disk``); both on the heartbeat thread.
+receives the obsolete-file notices of a ping reply (``PingReply.drop_disk``), ``offload_capacity()`` says how
+many offload tasks the ping asks for and ``on_offload(tasks)`` receives them (``PingReply.offload``); all on
+the thread that pings (the heartbeat's, or a caller of ``ping_once``: pings are serialised).
 
 Fast path: ``use_fast_path()`` asks the master (GetServiceInfo) for its framed-protobuf port
 (fast_rpc.py) and then sends every call there (~3x lower latency than Python gRPC). A call whose connection
@@ -67,6 +69,9 @@ class MasterClient:
         self._fast_wanted = False
         self.on_remount = None
         self.on_disk_drops = None
+        self.offload_capacity = None
+        self.on_offload = None
+        self._ping_lock = threading.Lock()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
@@ -125,13 +130,21 @@ class MasterClient:
         return self.call("UnmountSegment", segment_id=seg_id).code
 
     def ping_once(self) -> pb.PingReply:
-        """One ping; on NEED_REMOUNT re-mounts the remembered segments (ReMountSegment)."""
-        reply = self.call("Ping", timeout=min(self.timeout, 5.0))
+        """One ping (its hooks run before it returns); on NEED_REMOUNT re-mounts the remembered segments
+        (ReMountSegment)."""
+        with self._ping_lock:
+            return self._ping_locked()
+
+    def _ping_locked(self) -> pb.PingReply:
+        capacity = self.offload_capacity() if self.offload_capacity is not None else 0
+        reply = self.call("Ping", timeout=min(self.timeout, 5.0), offload_capacity=max(0, capacity))
         if self._fast_wanted and (self._fast is None or reply.view_version != self.view_version):
             self.use_fast_path()  # first ping after a master restart, or after the fast door failed
         self.view_version = reply.view_version
         if reply.drop_disk and self.on_disk_drops is not None:
             self.on_disk_drops(list(reply.drop_disk))
+        if reply.offload and self.on_offload is not None:
+            self.on_offload(list(reply.offload))
         if reply.client_status == pb.CLIENT_STATUS_NEED_REMOUNT:
             with self._seg_lock:
                 segs = list(self._segments.values())

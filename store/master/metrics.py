@@ -33,6 +33,8 @@ class MasterMetrics:
         self.revoked_puts = Counter("master_revoked_puts", "Puts revoked (by the writer or automatically)",
                                     ["reason"], registry=r)
         self.leases_granted = Counter("master_leases_granted", "Read leases granted or extended", registry=r)
+        self.offload_dropped = Counter("master_offload_dropped",
+                                       "Offload tasks dropped because the owner's queue was full", registry=r)
         self.expired_clients = Counter("master_expired_clients", "Clients expired for missing pings", registry=r)
         self.rpc_latency = Histogram("master_rpc_latency_seconds", "Server-side RPC handling time", ["method"],
                                      buckets=_LATENCY_BUCKETS, registry=r)

@@ -19,14 +19,20 @@ Disk replicas (SSD tier, Mooncake's LOCAL_DISK): ``disk`` maps a key to the one 
 client's SSD tier (``DiskReplica``: owner, size, the owner's file version). An object is readable while it
 has memory replicas (``objects``) or a disk replica or both; memory eviction leaves the disk replica, so the
 object lives on as *disk-only* (leases and Exist/GetReplicaList work the same; it is in no LRU order).
-``offloading`` remembers, per key, the client with an SSD tier whose committed put has not been reported
-on disk yet: only that report is accepted (a removed or overwritten object's late file is refused).
+Persistence is driven by the segment owner: committing an object with a memory replica in the segment of a
+client with an SSD tier creates an ``OffloadTask`` for that client (``offloading``: key -> task, and the
+owner's FIFO ``DiskClient.queue``). The owner gets it with a ping, copies the bytes from its own segment and
+reports the file with the task's version; the report is accepted only while ``offloading`` still holds that
+very task and the object still has that very replica (``Replica`` identity). Every change that could alter
+or reuse those bytes (remove, overwrite, in-place upsert, eviction, move, unmount) either cancels the task
+or replaces the replica, so a copy taken meanwhile is refused and never served.
 
 Threading: not thread-safe; the master calls everything under its lock.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 
@@ -61,15 +67,38 @@ class PutKind(enum.IntEnum):
 
 
 class DiskClient:
-    """A client with an SSD tier (MountLocalDisk): where its DiskReplicaService listens, and the files the
-    master found obsolete since its last ping (``drops``: (key, seq), bounded)."""
+    """A client with an SSD tier (MountLocalDisk): where its DiskReplicaService listens, the files the
+    master found obsolete since its last ping (``drops``: (key, seq), bounded) and its offload tasks not
+    handed out yet (``queue``, oldest first; ``stale`` of them were cancelled meanwhile and are skipped)."""
 
-    __slots__ = ("client_id", "endpoint", "drops")
+    __slots__ = ("client_id", "endpoint", "drops", "queue", "stale", "dropped")
 
     def __init__(self, client_id: str, endpoint: str) -> None:
         self.client_id = client_id
         self.endpoint = endpoint
         self.drops: list[tuple[str, int]] = []
+        self.queue: collections.deque[OffloadTask] = collections.deque()
+        self.stale = 0
+        self.dropped = 0  # tasks not queued because the queue was full
+
+    @property
+    def backlog(self) -> int:
+        return len(self.queue) - self.stale
+
+
+class OffloadTask:
+    """Persist ``key``: its memory ``replica`` lies in ``owner``'s segment; ``version`` is unique per task,
+    ``created`` the commit time. ``handed``: given to the owner in a ping (no longer in its queue)."""
+
+    __slots__ = ("key", "owner", "replica", "version", "created", "handed")
+
+    def __init__(self, key: str, owner: DiskClient, replica: Replica, version: int, created: float) -> None:
+        self.key = key
+        self.owner = owner
+        self.replica = replica
+        self.version = version
+        self.created = created
+        self.handed = False
 
 
 class DiskReplica:
@@ -139,7 +168,7 @@ class ObjectTable:
         self.busy: dict[str, object] = {}  # key -> copy/move in progress (replication.ReplicationOp)
         self.held: list[Held] = []
         self.disk: dict[str, DiskReplica] = {}  # key -> its file in a client's SSD tier
-        self.offloading: dict[str, tuple[str, int]] = {}  # key -> (client, size): put committed, file pending
+        self.offloading: dict[str, OffloadTask] = {}  # key -> its pending offload (committed, no file yet)
 
     def touch(self, key: str) -> None:
         """Marks a committed object most recently used."""

@@ -166,11 +166,13 @@ class Replicator:
                 gone = [r for r in reps if not segment_name or r.segment.name == segment_name]
                 if not gone:
                     continue
+                task = t.offloading.get(key)
+                if task is not None and any(r is task.replica for r in gone):
+                    svc._cancel_offload_locked(key)
                 if len(gone) == len(reps):
                     t.drop(key)
                     if not segment_name:  # every replica: the disk one too (else it lives on disk-only)
                         svc._drop_disk_locked(key)
-                        t.offloading.pop(key, None)
                 else:
                     t.objects[key] = pack_replicas(r for r in reps if r not in gone)
                 svc._free(gone)

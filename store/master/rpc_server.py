@@ -130,9 +130,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         code, alive = self.svc.ping(request.client_id)
         status = pb.CLIENT_STATUS_OK if alive else pb.CLIENT_STATUS_NEED_REMOUNT
         reply = pb.PingReply(code=code, view_version=self.svc.view_version, client_status=status)
-        drops = self.svc.take_disk_drops(request.client_id) if alive else ()
-        if drops:
-            reply.drop_disk.extend(pb.DiskObject(key=k, seq=seq) for k, seq in drops)
+        if alive:
+            drops = self.svc.take_disk_drops(request.client_id)
+            if drops:
+                reply.drop_disk.extend(pb.DiskObject(key=k, seq=seq) for k, seq in drops)
+            if request.offload_capacity:
+                tasks, reply.offload_backlog = self.svc.take_offload_tasks(request.client_id,
+                                                                           request.offload_capacity)
+                reply.offload.extend(pb.OffloadTask(key=k, size=n, address=a, version=v) for k, n, a, v in tasks)
         return reply
 
     @_rpc
@@ -308,7 +313,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     @_rpc
     def NotifyOffloadSuccess(self, request, context):
-        objects = [(o.key, o.size, o.seq) for o in request.objects]
+        objects = [(o.key, o.size, o.seq, o.version) for o in request.objects]
         return pb.BatchStatusReply(codes=self.svc.notify_offload(request.client_id, objects, request.reload))
 
     @_rpc

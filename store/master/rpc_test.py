@@ -101,18 +101,27 @@ def test_disk_replica_rpcs(server, workers):
     w1, w2 = workers
     assert w1.call("MountLocalDisk", endpoint="")["code"] == E.INVALID_PARAMS
     assert w1.call("MountLocalDisk", endpoint="127.0.0.1:7777")["code"] == 0
-    assert w1.call("PutStart", key="d", size=100)["code"] == 0 and w1.call("PutEnd", key="d")["code"] == 0
-    objs = [{"key": "d", "size": 100, "seq": 5}, {"key": "never-put", "size": 1, "seq": 6}]
-    assert w1.call("NotifyOffloadSuccess", objects=objs)["codes"] == [0, E.OBJECT_NOT_FOUND]
+    # w2 writes into w1's segment: w1 (SSD tier) gets the offload task with its next ping.
+    in_w1 = {"replica_num": 1, "preferred_segments": ["host0:12000"]}
+    assert w2.call("PutStart", key="d", size=100, config=in_w1)["code"] == 0
+    assert w2.call("PutEnd", key="d")["code"] == 0
+    assert w1.call("Ping")["offload"] == []  # no capacity asked, no task handed out
+    ping = w1.call("Ping", offload_capacity=8)
+    [task] = ping["offload"]
+    assert (task["key"], task["size"], ping["offload_backlog"]) == ("d", 100, 0) and task["version"] > 0
+    objs = [{"key": "d", "size": 100, "seq": 5, "version": task["version"]},
+            {"key": "never-put", "size": 1, "seq": 6, "version": task["version"]}]
     assert w2.call("NotifyOffloadSuccess", objects=objs)["codes"] == [E.CLIENT_NOT_FOUND] * 2
+    assert w1.call("NotifyOffloadSuccess", objects=objs)["codes"] == [0, E.OBJECT_NOT_FOUND]
     g = w2.call("GetReplicaList", key="d")
     assert [d["type"] for d in g["replicas"]] == [pb.REPLICA_TYPE_MEMORY, pb.REPLICA_TYPE_LOCAL_DISK]
+    assert g["replicas"][0]["address"] == task["address"]  # where w1 copies the bytes from
     disk = g["replicas"][1]
     assert (disk["client_id"], disk["transport_endpoint"], disk["size"], disk["disk_seq"], disk["status"]) == \
         (w1.client_id, "127.0.0.1:7777", 100, 5, COMPLETE)
     assert w2.call("PutStart", key="d", size=100, promote=True)["code"] == E.OBJECT_ALREADY_EXISTS
     assert w2.call("Remove", key="d", force=True)["code"] == 0
-    assert w1.call("Ping")["drop_disk"] == [{"key": "d", "size": 0, "seq": 5}]  # delete that file
+    assert w1.call("Ping")["drop_disk"] == [{"key": "d", "size": 0, "seq": 5, "version": 0}]  # delete that file
     assert w1.call("Ping")["drop_disk"] == []
     assert w1.call("NotifyOffloadSuccess", objects=[{"key": "r", "size": 9, "seq": 1}], reload=True)["codes"] == [0]
     assert w2.call("ExistKey", key="r") == {"code": 0, "exists": True}

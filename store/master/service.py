@@ -19,11 +19,16 @@ already belong to another object while that can be avoided). Puts of an expired 
 freed at once.
 
 SSD tier (objects.py, "Disk replicas"): a client with an SSD tier mounts it (``mount_local_disk``, with the
-endpoint where it serves its files), reports the files it wrote (``notify_offload``; again in full after a
-restart or a remount) and the ones it deleted (``evict_disk_replicas``). Readers get the LOCAL_DISK
-replica with the memory ones; memory eviction keeps it. Removing or overwriting an object drops it and
-queues the file for deletion by its owner (``take_disk_drops``, answered in the owner's next ping); an
-owner that unmounts or expires loses all its disk replicas. ``put_start(promote=True)`` gives a
+endpoint where it serves its files). Persistence is owner-driven, as in Mooncake: committing an object with
+a memory replica in that client's segment (whoever wrote it) queues an offload task for it (at most
+--offloading_queue_limit queued per owner; beyond, the task is dropped and counted); the owner takes its
+tasks with its pings (``take_offload_tasks``), copies the bytes from its own memory into a file and reports
+it (``notify_offload`` with the task's version; its whole tier again after a restart or a remount), and
+reports the files it deleted (``evict_disk_replicas``). Readers get the LOCAL_DISK replica with the memory
+ones; memory eviction keeps it, and spares fresh objects whose file is pending while it can (an object
+evicted before its owner persisted it is gone). Removing or overwriting an object drops its disk replica
+and queues the file for deletion by its owner (``take_disk_drops``, answered in the owner's next ping); an
+owner that unmounts or expires loses all its disk replicas and tasks. ``put_start(promote=True)`` gives a
 disk-only object a memory replica again (a hot object; the disk replica stays).
 
 The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
@@ -47,8 +52,8 @@ from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.eviction import object_bytes, select_victims
 from mooncake.store.master.liveness import ClientRegistry
 from mooncake.store.master.metrics import MasterMetrics
-from mooncake.store.master.objects import (DiskClient, DiskReplica, Held, ObjectTable, PendingPut, PutConfig,
-                                           PutKind, replicas_of)
+from mooncake.store.master.objects import (DiskClient, DiskReplica, Held, ObjectTable, OffloadTask, PendingPut,
+                                           PutConfig, PutKind, replicas_of)
 from mooncake.store.master.replication import Replicator
 from mooncake.store.master.segments import Replica, Segment, SegmentRegistry
 from mooncake.store.master.tasks import TaskManager
@@ -60,7 +65,7 @@ _PURGE_PERIOD_SEC = 1.0
 _EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
 _MAX_DISK_DROPS = 1 << 16  # obsolete-file notices kept per SSD client between two of its pings
-_MAX_OFFLOADING = 1 << 20  # committed puts whose file is not reported yet (oldest forgotten beyond)
+_MIN_COMPACT = 1024  # cancelled tasks an offload queue may carry before it is compacted
 
 
 class SegmentSpec:
@@ -95,6 +100,7 @@ class MasterService:
         self._next_watermark_evict = 0.0
         self._sizes: dict[int, int] = {}
         self.disk_clients: dict[str, DiskClient] = {}
+        self._offload_version = 0
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
         self.metrics.attach_state(self.snapshot)
@@ -170,6 +176,9 @@ class MasterService:
             reps = replicas_of(value)
             if not any(r.segment is seg for r in reps):
                 continue
+            task = self.table.offloading.get(key)
+            if task is not None and task.replica.segment is seg:
+                self._cancel_offload_locked(key)
             remaining = tuple(r for r in reps if r.segment is not seg)
             if remaining:
                 objects[key] = remaining[0] if len(remaining) == 1 else remaining
@@ -301,6 +310,7 @@ class MasterService:
                 # Overwrite in place: the object is unreadable until the end (its buffers are being written).
                 # drop() also forgets its pins, so a revoked/expired upsert leaves no stale pin entries.
                 t.drop(key)
+                self._cancel_offload_locked(key)  # its bytes are about to change
                 t.pending[key] = PendingPut(client_id, size, list(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE)
                 return OK, list(old_reps)
             kind = PutKind.UPSERT_REALLOC
@@ -333,14 +343,12 @@ class MasterService:
         ttl_ms = min(cfg.soft_pin_ttl_ms or self.config.default_kv_soft_pin_ttl_ms, self.config.max_kv_soft_pin_ttl_ms)
         t.commit(key, p.replicas, now, cfg, ttl_ms / 1000.0)
         if p.kind != PutKind.PROMOTE:
-            # A new version: an older file of the key is obsolete; the writer's own SSD tier (if any) is
-            # about to report its copy of this one.
+            # A new version: an older file of the key is obsolete; the owner of its memory (if it has an SSD
+            # tier) is to persist this one.
             self._drop_disk_locked(key)
-            t.offloading.pop(key, None)
-            if p.client_id in self.disk_clients:
-                if len(t.offloading) >= _MAX_OFFLOADING:
-                    del t.offloading[next(iter(t.offloading))]
-                t.offloading[key] = (p.client_id, p.size)
+            self._cancel_offload_locked(key)
+            if self.disk_clients:
+                self._queue_offload_locked(key, p.replicas, now)
         return OK
 
     def _revoke_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
@@ -403,6 +411,7 @@ class MasterService:
         victims, _ = select_victims(self.table, now, target, self.config.allow_evict_soft_pinned_objects)
         freed = 0
         for key in victims:
+            self._cancel_offload_locked(key)
             reps = self.table.drop(key)
             freed += sum(r.segment.allocator.rounded(r.size) for r in reps)
             self._free(reps)
@@ -565,7 +574,7 @@ class MasterService:
             self._retire_locked(key, value, now)  # force on a leased object: buffers held until the lease ends
         t.drop(key)
         self._drop_disk_locked(key)
-        t.offloading.pop(key, None)
+        self._cancel_offload_locked(key)
         p = t.pending.get(key)
         if p is not None and p.kind == PutKind.UPSERT_REALLOC:
             p.kind = PutKind.PUT  # the upsert in flight now creates the key afresh
@@ -601,23 +610,71 @@ class MasterService:
             self.metrics.count("unmount_local_disk")
             return OK, n
 
-    def notify_offload(self, client_id: str, objects: list[tuple[str, int, int]], reload: bool = False
+    def take_offload_tasks(self, client_id: str, capacity: int) -> tuple[list[tuple[str, int, int, int]], int]:
+        """Up to `capacity` offload tasks of the client, oldest first, as (key, size, address, version), and
+        how many stay queued (answered in its ping)."""
+        if capacity <= 0 or client_id not in self.disk_clients:  # unlocked peek: most clients have no SSD tier
+            return [], 0
+        with self._lock:
+            dc = self.disk_clients.get(client_id)
+            if dc is None:
+                return [], 0
+            offloading, out = self.table.offloading, []
+            while dc.queue and len(out) < capacity:
+                task = dc.queue.popleft()
+                if offloading.get(task.key) is not task:
+                    dc.stale -= 1  # cancelled meanwhile
+                    continue
+                task.handed = True
+                out.append((task.key, task.replica.size, task.replica.address, task.version))
+            return out, dc.backlog
+
+    def _queue_offload_locked(self, key: str, replicas, now: float) -> None:
+        """Queues the persistence of the just committed `key` for the owner of its first memory replica that
+        lies in the segment of a client with an SSD tier (if any)."""
+        for r in replicas:
+            dc = self.disk_clients.get(r.segment.client_id)
+            if dc is not None:
+                break
+        else:
+            return
+        if dc.backlog >= self.config.offloading_queue_limit:
+            dc.dropped += 1
+            self.metrics.offload_dropped.inc()
+            return
+        if dc.stale >= _MIN_COMPACT and dc.stale * 2 >= len(dc.queue):
+            offloading = self.table.offloading
+            dc.queue = type(dc.queue)(t for t in dc.queue if offloading.get(t.key) is t)
+            dc.stale = 0
+        self._offload_version += 1
+        task = OffloadTask(key, dc, r, self._offload_version, now)
+        self.table.offloading[key] = task
+        dc.queue.append(task)
+
+    def _cancel_offload_locked(self, key: str) -> None:
+        """Forgets the pending offload of `key` (if any): a report of it is refused from now on."""
+        task = self.table.offloading.pop(key, None)
+        if task is not None and not task.handed:
+            task.owner.stale += 1
+
+    def notify_offload(self, client_id: str, objects: list[tuple[str, int, int, int]], reload: bool = False
                        ) -> list[ErrorCode]:
-        """Records disk replicas (key, size, seq) of the client; per object a code (see NotifyOffloadRequest in
-        the proto): a fresh file (reload False) is accepted only for the version this client committed and
-        has not reported yet; a file found at start-up (reload True) for an absent object or one of the
-        same size."""
+        """Records disk replicas (key, size, seq, version) of the client; per object a code (see
+        NotifyOffloadRequest in the proto): a fresh file (reload False) is accepted only for the offload task
+        `version` of this client while that version of the object is still in memory where the task said; a
+        file found at start-up (reload True, version unused) for an absent object or one of the same size."""
         with self._lock:
             dc = self.disk_clients.get(client_id)
             if dc is None:
                 codes = [ErrorCode.CLIENT_NOT_FOUND] * len(objects)
             else:
-                codes = [self._notify_locked(dc, k, size, seq, reload) for k, size, seq in objects]
+                codes = [self._notify_locked(dc, k, size, seq, version, reload) for k, size, seq, version in objects]
             for c in codes:
                 self.metrics.count("notify_offload", c)
             return codes
 
-    def _notify_locked(self, dc: DiskClient, key: str, size: int, seq: int, reload: bool) -> ErrorCode:
+    def _notify_locked(self, dc: DiskClient, key: str, size: int, seq: int, version: int, reload: bool
+                       ) -> ErrorCode:
         code = self._check_key(key)
         if code != OK:
             return code
@@ -634,8 +691,13 @@ class MasterService:
             if d is not None and d.owner is not dc:
                 return ErrorCode.REPLICA_ALREADY_EXISTS
         else:
-            if t.offloading.get(key) != (dc.client_id, size):
-                return ErrorCode.OBJECT_NOT_FOUND  # removed or overwritten since this client's put
+            task = t.offloading.get(key)
+            if task is None or task.owner is not dc or task.version != version or task.replica.size != size \
+                    or not task.handed:
+                return ErrorCode.OBJECT_NOT_FOUND  # removed, overwritten or evicted since: the copy is stale
+            if value is None or not any(r is task.replica for r in replicas_of(value)):
+                self._cancel_offload_locked(key)  # that replica went (moved, cleared): its bytes may be reused
+                return ErrorCode.OBJECT_NOT_FOUND
             del t.offloading[key]
             if d is not None and d.owner is not dc:
                 self._drop_disk_locked(key)
@@ -688,7 +750,7 @@ class MasterService:
             del t.disk[k]
             if k not in t.objects:
                 t.drop(k)
-        for k in [k for k, (c, _) in t.offloading.items() if c == client_id]:
+        for k in [k for k, task in t.offloading.items() if task.owner is dc]:
             del t.offloading[k]
         if gone:
             _log.info("client %s: %d disk replica(s) dropped with its SSD tier", client_id, len(gone))
@@ -797,6 +859,9 @@ class MasterService:
             return {
                 "objects": len(t.objects), "pending_puts": len(t.pending),
                 "disk_replicas": len(t.disk), "disk_clients": len(self.disk_clients),
+                "offload_pending": len(t.offloading),
+                "offload_queued": sum(dc.backlog for dc in self.disk_clients.values()),
+                "offload_dropped": sum(dc.dropped for dc in self.disk_clients.values()),
                 "capacity_bytes": self.segments.capacity, "used_bytes": self.segments.used,
                 "usage": round(self.segments.usage(), 6),
                 "held_bytes": sum(r.segment.allocator.rounded(r.size) for h in t.held for r in h.replicas
@@ -822,6 +887,7 @@ class MasterService:
                 "bytes": object_bytes(value) if value is not None else 0,
                 "disk_replica": None if d is None else {"client_id": d.owner.client_id, "endpoint": d.owner.endpoint,
                                                         "size": d.size, "seq": d.seq},
+                "offload_pending": key in t.offloading,
                 "lease_ms_left": int(max(0.0, t.lease_deadline(key, now) - now) * 1000),
                 "hard_pinned": key in t.hard_pins, "soft_pinned": t.soft_pins.get(key, 0.0) > now,
                 "replicas": [{"segment": r.segment.name, "segment_id": r.segment.id, "address": r.address,

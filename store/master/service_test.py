@@ -458,24 +458,32 @@ def test_tasks_are_handed_out_as_snapshots(clock):
 
 
 # -- SSD tier: LOCAL_DISK replicas ---------------------------------------------------------------------------------
-def _offloaded(svc, key, size=4 * KiB, client="c1", seq=1):
-    """`client` (which has an SSD tier) puts `key` and reports its file."""
-    put(svc, key, size, client=client)
-    assert svc.notify_offload(client, [(key, size, seq)]) == [E.OK]
+def _tasks(svc, owner, capacity=1000):
+    """The owner's offload tasks handed out by a ping: {key: (size, address, version)}."""
+    tasks, _ = svc.take_offload_tasks(owner, capacity)
+    return {k: (n, a, v) for k, n, a, v in tasks}
+
+
+def _offloaded(svc, key, size=4 * KiB, owner="c1", seq=1, writer="w", segment="h1"):
+    """`writer` puts `key` into `segment` (of `owner`, which has an SSD tier); the owner persists it."""
+    put(svc, key, size, client=writer, cfg=PutConfig(preferred_segments=(segment,)))
+    n, addr, version = _tasks(svc, owner)[key]
+    assert n == size and addr == svc.describe_key(key)[1]["replicas"][0]["address"]
+    assert svc.notify_offload(owner, [(key, size, seq, version)]) == [E.OK]
 
 
 def _evict_memory(svc, key):
     """What eviction does to one object (whatever its lease): its memory replicas go."""
-    from mooncake.store.master.objects import replicas_of
     with svc.lock:
-        svc._free(replicas_of(svc.table.objects.pop(key)))
+        svc._cancel_offload_locked(key)
+        svc._free(svc.table.drop(key))
 
 
 def test_disk_replica_outlives_memory_and_is_promoted(clock):
     from mooncake.store.master.objects import DiskReplica
     svc = make(clock)
     assert svc.mount_local_disk("c1", "127.0.0.1:7000") == E.OK
-    assert svc.notify_offload("nobody", [("k", 1, 1)]) == [E.CLIENT_NOT_FOUND]
+    assert svc.notify_offload("nobody", [("k", 1, 1, 1)]) == [E.CLIENT_NOT_FOUND]
     _offloaded(svc, "k", 5000, seq=7)
     code, reps, _ = svc.get_replica_list("k")
     assert code == E.OK and len(reps) == 2 and isinstance(reps[1], DiskReplica)
@@ -491,6 +499,7 @@ def test_disk_replica_outlives_memory_and_is_promoted(clock):
     assert svc.put_start("w", "k", 5000, promote=True)[0] == E.OK
     assert svc.put_end("w", "k") == E.OK
     assert len(svc.get_replica_list("k")[1]) == 2  # memory again, the disk replica stays
+    assert _tasks(svc, "c1") == {}  # ... and no offload of what is on disk already
     assert svc.put_start("w", "k", 5000, promote=True)[0] == E.OBJECT_ALREADY_EXISTS
     assert svc.take_disk_drops("c1") == [] and svc.snapshot()["disk_replicas"] == 1
 
@@ -507,47 +516,120 @@ def test_disk_replica_removal_reaches_the_owner(clock):
     assert svc.remove_by_regex("^x") == (E.OK, 2)
     assert svc.take_disk_drops("c1") == [("a", 1), ("x1", 4), ("x2", 5)]
     assert svc.take_disk_drops("c1") == []
-    # An upsert by another client makes the file obsolete; that client has no SSD tier: nothing pending.
+    # An upsert by another client makes the file obsolete; the new version (in place: still in c1's
+    # segment) is c1's to persist.
     assert svc.upsert_start("c2", "c", 4 * KiB)[0] == E.OK and svc.put_end("c2", "c") == E.OK
     assert svc.take_disk_drops("c1") == [("c", 3)] and svc.describe_key("c")[1]["disk_replica"] is None
+    assert list(_tasks(svc, "c1")) == ["c"] and svc.snapshot()["offload_pending"] == 1
     assert svc.remove_all() == (E.OK, 2)  # b (disk-only) and c
     assert svc.take_disk_drops("c1") == [("b", 2)]
 
 
-def test_late_or_stale_disk_reports_are_refused(clock):
-    svc = make(clock)
+def test_offload_tasks_go_to_the_segment_owner(clock):
+    svc = make(clock, segments=(("c1", "s1", "h1"), ("c2", "s2", "h2")), offloading_queue_limit=3)
     assert svc.mount_local_disk("c1", "h:1") == E.OK
-    put(svc, "gone", client="c1")
+    assert svc.take_offload_tasks("c1", 0) == ([], 0) and svc.take_offload_tasks("c2", 10) == ([], 0)
+    for k in ("p0", "p1", "p2", "p3"):  # written by a pure client into c1's pool: c1 persists them
+        put(svc, k, client="pure", cfg=PutConfig(preferred_segments=("h1",)))
+    put(svc, "elsewhere", client="c1", cfg=PutConfig(preferred_segments=("h2",)))  # c2 has no SSD tier
+    assert svc.snapshot()["offload_queued"] == 3 and svc.snapshot()["offload_dropped"] == 1  # p3: queue full
+    assert svc.metrics.offload_dropped._value.get() == 1
+    assert svc.remove("p0") == E.OK  # cancelled before it was handed out: skipped
+    tasks, backlog = svc.take_offload_tasks("c1", 1)
+    assert [t[0] for t in tasks] == ["p1"] and backlog == 1
+    assert svc.describe_key("p1")[1]["offload_pending"] and svc.describe_key("p3")[1]["offload_pending"] is False
+    # Two replicas, one in c1's segment: c1 persists the object.
+    put(svc, "two", client="pure", cfg=PutConfig(replica_num=2))
+    assert set(_tasks(svc, "c1")) == {"p2", "two"}
+    assert svc.snapshot()["offload_queued"] == 0 and svc.snapshot()["offload_pending"] == 3
+
+
+def test_stale_offload_copies_are_refused(clock):
+    svc = make(clock, segments=(("c1", "s1", "h1"), ("c2", "s2", "h2")))
+    assert svc.mount_local_disk("c1", "h:1") == E.OK
+    on_h1 = PutConfig(preferred_segments=("h1",))
+
+    def task(key):
+        put(svc, key, client="w", cfg=on_h1)
+        return _tasks(svc, "c1")[key][2]
+
+    put(svc, "early", client="w", cfg=on_h1)
+    guess = svc._offload_version
+    assert svc.notify_offload("c1", [("early", 4 * KiB, 1, guess)]) == [E.OBJECT_NOT_FOUND]  # not handed out
+    assert _tasks(svc, "c1")["early"][2] == guess
+    assert svc.notify_offload("c1", [("early", 4 * KiB, 1, guess)]) == [E.OK]
+    v = task("gone")
     assert svc.remove("gone") == E.OK
-    assert svc.notify_offload("c1", [("gone", 4 * KiB, 1)]) == [E.OBJECT_NOT_FOUND]  # removed meanwhile
-    put(svc, "late", client="c1")
-    _evict_memory(svc, "late")  # evicted before its file was reported: the report still counts
-    assert svc.notify_offload("c1", [("late", 4 * KiB, 2)]) == [E.OK] and svc.exist("late") == (E.OK, True)
-    put(svc, "other", client="w")  # not written by c1
-    assert svc.notify_offload("c1", [("other", 4 * KiB, 3)]) == [E.OBJECT_NOT_FOUND]
+    assert svc.notify_offload("c1", [("gone", 4 * KiB, 1, v)]) == [E.OBJECT_NOT_FOUND]  # removed meanwhile
+    v = task("evicted")
+    _evict_memory(svc, "evicted")  # its memory may belong to another object already
+    assert svc.notify_offload("c1", [("evicted", 4 * KiB, 2, v)]) == [E.OBJECT_NOT_FOUND]
+    assert svc.exist("evicted") == (E.OK, False)
+    v = task("inplace")
+    assert svc.upsert_start("w", "inplace", 4 * KiB)[0] == E.OK  # same size, no lease: the same buffers
+    assert svc.notify_offload("c1", [("inplace", 4 * KiB, 3, v)]) == [E.OBJECT_NOT_FOUND]  # torn copy
+    assert svc.put_end("w", "inplace") == E.OK
+    v2 = _tasks(svc, "c1")["inplace"][2]
+    assert svc.notify_offload("c1", [("inplace", 4 * KiB, 4, v)]) == [E.OBJECT_NOT_FOUND]  # the old version
+    assert svc.notify_offload("c2", [("inplace", 4 * KiB, 4, v2)]) == [E.CLIENT_NOT_FOUND]
+    assert svc.notify_offload("c1", [("inplace", 4 * KiB, 4, 0), ("inplace", 5, 4, v2)]) == [E.OBJECT_NOT_FOUND] * 2
+    assert svc.notify_offload("c1", [("inplace", 4 * KiB, 4, v2)]) == [E.OK]
+    assert svc.notify_offload("c1", [("inplace", 4 * KiB, 4, v2)]) == [E.OBJECT_NOT_FOUND]  # once only
+    v = task("moved")
+    assert svc.move_start("mover", "moved", "h1", "h2")[0] == E.OK and svc.move_end("mover", "moved") == E.OK
+    assert svc.notify_offload("c1", [("moved", 4 * KiB, 5, v)]) == [E.OBJECT_NOT_FOUND]
+    assert svc.snapshot()["offload_pending"] == 0
+    v = task("unmounted")
+    assert svc.unmount_segment("c1", "s1") == E.OK
+    assert svc.notify_offload("c1", [("unmounted", 4 * KiB, 6, v)]) == [E.OBJECT_NOT_FOUND]
     # Files found at start-up: absent objects come back, a different size in memory is stale.
-    assert svc.notify_offload("c1", [("old", 10, 4), ("other", 5, 5), ("other", 4 * KiB, 6)], reload=True) == \
-        [E.OK, E.OBJECT_NOT_FOUND, E.OK]
+    put(svc, "other", client="w")
+    assert svc.notify_offload("c1", [("old", 10, 4, 0), ("other", 5, 5, 0), ("other", 4 * KiB, 6, 0)],
+                              reload=True) == [E.OK, E.OBJECT_NOT_FOUND, E.OK]
     assert svc.get_replica_list("old")[1][0].size == 10
     assert svc.mount_local_disk("c2", "h:2") == E.OK
-    assert svc.notify_offload("c2", [("old", 10, 1)], reload=True) == [E.REPLICA_ALREADY_EXISTS]
+    assert svc.notify_offload("c2", [("old", 10, 1, 0)], reload=True) == [E.REPLICA_ALREADY_EXISTS]
     assert svc.evict_disk_replicas("c1", [("old", 99), ("old", 0)]) == [E.REPLICA_NOT_FOUND, E.OK]
     assert svc.exist("old") == (E.OK, False)
-    assert svc.evict_disk_replicas("c2", [("late", 2)]) == [E.REPLICA_NOT_FOUND]  # not c2's
+    assert svc.evict_disk_replicas("c2", [("inplace", 4)]) == [E.REPLICA_NOT_FOUND]  # not c2's
+
+
+def test_eviction_spares_objects_being_persisted(clock):
+    from mooncake.store.master.eviction import OFFLOAD_GRACE_SEC
+    svc = make(clock, seg_size=64 * KiB)
+    assert svc.mount_local_disk("c1", "h:1") == E.OK
+    put(svc, "unsaved", 16 * KiB)  # the least recently used, but its file is not written yet
+    _offloaded(svc, "saved", 16 * KiB)
+    put(svc, "plain", 16 * KiB)
+    with svc.lock:
+        svc._cancel_offload_locked("plain")  # as if its owner had no SSD tier
+    assert svc._evict_locked(1, clock(), "test") == 1  # "saved" lives on, disk-only
+    assert svc.describe_key("saved")[1]["replicas"] == [] and svc.exist("unsaved") == (E.OK, True)
+    assert svc._evict_locked(1, clock(), "test") == 1
+    assert svc.exist("plain") == (E.OK, False) and svc.exist("unsaved") == (E.OK, True)
+    assert svc._evict_locked(1, clock(), "test") == 1  # nothing else left: it goes after all
+    assert svc.exist("unsaved") == (E.OK, False)
+    put(svc, "late", 16 * KiB)
+    put(svc, "fresh", 16 * KiB)
+    clock.advance(OFFLOAD_GRACE_SEC)  # an owner that does not persist within the grace protects nothing
+    put(svc, "newer", 16 * KiB)
+    assert svc._evict_locked(1, clock(), "test") == 1 and svc.exist("late") == (E.OK, False)
+    assert svc.snapshot()["offload_pending"] == 2
 
 
 def test_owner_unmount_or_expiry_drops_its_disk_replicas(clock):
     svc = make(clock, segments=(("c1", "s1", "h1"), ("c2", "s2", "h2")), client_ttl_sec=10)
     assert svc.mount_local_disk("c2", "h:2") == E.OK
     for k in ("p", "q"):
-        put(svc, k, client="c2", cfg=PutConfig(preferred_segments=("h1",)))
-        assert svc.notify_offload("c2", [(k, 4 * KiB, 1)]) == [E.OK]
+        _offloaded(svc, k, owner="c2", segment="h2")
+    put(svc, "r", cfg=PutConfig(preferred_segments=("h2",)))  # its task goes with the tier
     _evict_memory(svc, "p")
     assert svc.unmount_local_disk("c2") == (E.OK, 2)
     assert svc.exist("p") == (E.OK, False) and len(svc.get_replica_list("q")[1]) == 1  # q: memory left
-    assert svc.notify_offload("c2", [("q", 4 * KiB, 1)], reload=True) == [E.CLIENT_NOT_FOUND]
+    assert svc.snapshot()["offload_pending"] == 0
+    assert svc.notify_offload("c2", [("q", 4 * KiB, 1, 0)], reload=True) == [E.CLIENT_NOT_FOUND]
     assert svc.mount_local_disk("c2", "h:3") == E.OK
-    assert svc.notify_offload("c2", [("q", 4 * KiB, 1)], reload=True) == [E.OK]
+    assert svc.notify_offload("c2", [("q", 4 * KiB, 1, 0)], reload=True) == [E.OK]
     _evict_memory(svc, "q")
     clock.advance(5)
     svc.ping("c1")
