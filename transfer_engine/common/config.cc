@@ -66,6 +66,7 @@ EngineConfig EngineConfig::FromEnv() {
   if (ReadInt("MC_TCP_STALL_TIMEOUT_MS", 100, 3600000, &x)) c.tcp_stall_timeout = std::chrono::milliseconds(x);
   if (ReadInt("MC_TCP_PROBE_INTERVAL_MS", 10, 3600000, &x)) c.tcp_probe_interval = std::chrono::milliseconds(x);
   if (ReadInt("MC_TCP_LANE_WINDOW", 4096, 1LL << 34, &x)) c.tcp_lane_window = static_cast<size_t>(x);
+  if (ReadInt("MC_TCP_RECV_SPIN_US", 0, 10000, &x)) c.tcp_recv_spin = std::chrono::microseconds(x);
   if (ReadInt("MC_RETRY_CNT", 0, 1000, &x)) c.retry_count = static_cast<int>(x);
   c.nic_filter = ReadString("MC_TE_FILTERS");
   c.custom_topology_path = ReadString("MC_CUSTOM_TOPO_JSON");

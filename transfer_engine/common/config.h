@@ -31,6 +31,9 @@ struct EngineConfig {
   std::chrono::milliseconds tcp_stall_timeout{3000};  ///< MC_TCP_STALL_TIMEOUT_MS: a path moving no data fails over
   std::chrono::milliseconds tcp_probe_interval{500};  ///< MC_TCP_PROBE_INTERVAL_MS: how often down paths are tried
   size_t tcp_lane_window = 4 << 20;                   ///< MC_TCP_LANE_WINDOW: bytes in flight per connection
+  /// MC_TCP_RECV_SPIN_US: a caller receiving a large READ payload keeps its core this long between bursts
+  /// before sleeping in poll (0: always sleep)
+  std::chrono::microseconds tcp_recv_spin{50};
   int retry_count = 9;                                ///< MC_RETRY_CNT: path changes per slice before it fails
   std::string nic_filter;                             ///< MC_TE_FILTERS: NIC allow-list (device_name wins)
   std::string custom_topology_path;                   ///< MC_CUSTOM_TOPO_JSON
