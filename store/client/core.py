@@ -728,10 +728,13 @@ class StoreCore:
         the key). Retries once with a fresh lookup for keys whose cached descriptors failed."""
         entries = self._lookup(keys)
         results = self._read_dests(keys, entries, dests_for, registered)
-        # A failed read through a cached (or just superseded) descriptor: look up afresh, once. A disk
-        # replica that its owner no longer has reads as OBJECT_NOT_FOUND and is retried too.
+        # A failed read through a cached (or just superseded) descriptor: look up afresh, once. So is a read
+        # whose lease ran out before its transfer ended (e.g. one that had to open the first connection to the
+        # holder): the retry holds a fresh lease. A disk replica that its owner no longer has reads as
+        # OBJECT_NOT_FOUND and is retried too.
         stale = [i for i, r in enumerate(results)
-                 if r == ErrorCode.TRANSFER_FAIL or (r == _NOT_FOUND and not isinstance(entries[i], int))]
+                 if r in (ErrorCode.TRANSFER_FAIL, ErrorCode.LEASE_EXPIRED)
+                 or (r == _NOT_FOUND and not isinstance(entries[i], int))]
         if stale:
             self._cache_drop(keys[i] for i in stale)
             again = self._lookup([keys[i] for i in stale])
