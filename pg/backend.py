@@ -218,6 +218,9 @@ class MooncakeBackend(dist.ProcessGroup):
         cont, write_back = _contiguous(tensors)
         with self._lock:
             members = self._members()
+            if self.members.owed:  # the survivors' last sync failed this operation: fail it here too
+                self.members.owed -= 1
+                return self._abandoned(op)
             if root is not None and root not in members:
                 raise ValueError(f"mooncake pg: {op} root rank {root} is not active (active: {members})")
             ctx = C.Ctx(self.mesh, self._rank, members,
@@ -225,25 +228,40 @@ class MooncakeBackend(dist.ProcessGroup):
             try:
                 fn(ctx, cont)
             except PeerFailure as e:
+                self.members.done += 1  # counted before the sync: it carries the operation number
                 return self._failed(op, e)
+            except BaseException:
+                self.members.done += 1
+                raise
+            self.members.done += 1
         write_back()
         return _done(result, op)
 
     def _failed(self, op, err):
         """The work of an operation that failed because of `err`; applies the failure policy."""
         failed = set(err.ranks)
-        self.suspects |= failed
+        # A resync request is no evidence against the ranks the operation still waited for (they may just
+        # have stopped too): the requester's proposal carries the evidence.
+        self.suspects |= set() if isinstance(err, ResyncRequested) else failed
         dropped = set()
         if self.options.auto_sync_on_failure:
             dropped = self.members.sync(self.suspects)
             self.suspects = set()
-            failed |= dropped
+            failed = (set() if isinstance(err, ResyncRequested) else failed) | dropped
         elif self.options.auto_deactivate_on_failure:
             self.members.pending_failure = True
         msg = (f"mooncake pg: {op} failed on rank {self._rank}: {err}; "
                + (f"deactivated rank(s) {sorted(dropped)} (epoch {self.members.epoch})" if dropped else
                   "no rank deactivated"))
         return _done(None, op, MooncakeOpError(msg, failed), failed)
+
+    def _abandoned(self, op):
+        """The work of an operation that the survivors' last sync failed before this rank reached it."""
+        dropped = self.members.dropped
+        msg = (f"mooncake pg: {op} failed on rank {self._rank}: the survivors failed this operation when they "
+               f"agreed on a new view without rank(s) {sorted(dropped)} (epoch {self.members.epoch}); the "
+               "next operation runs in that view")
+        return _done(None, op, MooncakeOpError(msg, dropped), dropped)
 
     # --- collectives (signatures as torch's ProcessGroup calls them) ----------------------------
     def broadcast(self, tensors, opts):

@@ -3,6 +3,7 @@ within the timeout naming it, they agree on the healthy set and continue; a repl
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 
@@ -69,12 +70,18 @@ def body_dies_during(rank, world, port):
     setup(rank, world, port)
     victim = world - 1
     big = torch.ones(8 << 20)  # 32 MiB: many chunks
+    store = dist.distributed_c10d._get_default_store()
     if rank == victim:
-        threading.Timer(0.2, lambda: os._exit(0)).start()
-        dist.all_reduce(big)  # the others join late: this rank dies in the middle
+        def die():
+            store.set("victim_dies", "1")
+            os._exit(0)
+
+        threading.Timer(0.2, die).start()
+        dist.all_reduce(big)  # the others join only once it died: this rank dies in the middle
         time.sleep(5)
         os._exit(0)
-    time.sleep(0.4)
+    store.wait(["victim_dies"])  # not a fixed delay: the victim may leave setup() late on a loaded machine
+    time.sleep(0.1)
     expect_failure(big, [victim])
     check_sum(range(world - 1))
     exit_handshake(rank, world, range(world - 1))
@@ -142,6 +149,44 @@ def body_manual_policy(rank, world, port):
     dist.group.WORLD.barrier() if rank != 1 else None
     exit_handshake(rank, world, range(world - 1))
     return True
+
+
+def body_skewed_entry(rank, world, port, warm, late, skew):
+    """After rank 1 died, the survivors start the same collective `skew` seconds apart (the late one finds
+    the early one's resync request on entry): both fail that collective, agree on the same view and run
+    the next ones in it; the late one must not time out on the early one and drop it."""
+    if warm:
+        setup(rank, world, port)
+    else:  # no collective before the failure
+        init("mooncake-cpu", rank, world, port, pg_options=pg.MooncakeBackendOptions(world))
+        pg.set_collective_timeout_us(int(TIMEOUT_S * 1e6))
+    if rank == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0 + (skew if rank == late else 0))
+    start = time.monotonic()
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    with pytest.raises(pg.MooncakeOpError):
+        work.wait()
+    elapsed = time.monotonic() - start
+    assert elapsed < TIMEOUT_S + 2, elapsed
+    outcome = (pg.get_active_ranks(dist.group.WORLD), pg.get_current_epoch(dist.group.WORLD),
+               pg.get_failed_ranks_hint(work))
+    check_sum([0, 2])  # the next operations run in the new view on both survivors
+    outs = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank)))
+    assert [o[0].item() for o in outs] == [0.0, 0.0, 2.0]  # the inactive rank's output is left as it was
+    exit_handshake(rank, world, [0, 2])
+    return outcome
+
+
+# Cold, the early rank's write to the dead one fails at once; warm (same host: shared memory), the early rank
+# finds the death by probing after 0.5 s, so the late rank is later than that only with skew 1.0.
+@pytest.mark.parametrize("warm,late,skew", [(False, 2, 0.0), (False, 2, 0.1), (False, 2, 0.5), (False, 0, 0.5),
+                                            (True, 2, 0.0), (True, 2, 0.1), (True, 2, 0.5), (True, 2, 1.0)])
+def test_survivors_enter_collective_apart(warm, late, skew):
+    res = run_ranks(body_skewed_entry, 3, warm, late, skew, may_die=(1,), timeout=40)
+    assert res[0] == res[2] == ([0, 2], 1, [1]), res
 
 
 @pytest.mark.parametrize("world,victim", [(3, 2), (3, 0), (4, 1)])

@@ -2,7 +2,8 @@
 
 There is no coordinator process: every member holds the view (epoch, active ranks) and changes it by
 writing records into the other members' registered memory (one 64-byte line per writer, see
-Mesh.member_line): [session, round, mask words...]. Two kinds of change:
+Mesh.member_line): [session, round word, mask words...]; the round word of a sync proposal is
+round | (operation number + OP_BIAS) << ROUND_BITS, that of a commit is COMMIT. Two kinds of change:
 
 - sync (after a failure): each survivor proposes `active - suspects` to every rank it still trusts and
   raises their resync line (which makes any operation they are blocked in stop at once). In rounds, a
@@ -10,6 +11,13 @@ Mesh.member_line): [session, round, mask words...]. Two kinds of change:
   intersects the masks; it stops when its mask is unchanged and every received mask equals it, then writes
   one more round so slower survivors finish too. No rank is special, so the death of rank 0 is handled
   like any other. The agreed view gets epoch = session = old epoch + 1.
+  A proposal also carries the proposer's operation number: the collectives it has finished (failed ones
+  included) in the current epoch, minus those it still owes (below). Survivors take the maximum, M, as they
+  intersect the masks (agreement needs equal masks and equal M). M is the last operation of the old view:
+  every survivor fails its collectives up to number M (one it has not reached yet fails at once, without
+  communicating: `owed`) and all of them run number M + 1 as the first operation of the new view. So a
+  survivor that reaches the failed collective late (it syncs on entry) fails that same collective instead
+  of running it alone in the new view and timing out on (and dropping) a healthy peer.
 - commit (activation of a joiner, or an explicit deactivation): the caller writes (new epoch, COMMIT,
   mask) to every member of the old and new view; members adopt it before their next collective.
   Calling the same change on several members is harmless (they write the same record).
@@ -22,6 +30,8 @@ from .transport import PeerFailure
 COMMIT = (1 << 62)
 MASK_WORDS = 6  # up to 384 ranks
 SCRATCH = 4  # Mesh scratch line used for membership writes
+ROUND_BITS = 16  # a sync proposal's round word: round in the low bits, then its operation number (biased:
+OP_BIAS = 1 << 40  # it is negative while the proposer still owes operations of an earlier view)
 
 
 def _mask_words(ranks):
@@ -49,11 +59,20 @@ class Membership:
         self.timeout_s = timeout_s
         self.pending_failure = False  # a failure was seen and not yet synced (auto_sync off)
         self.replaced = set()  # ranks that rejoined as fresh processes (their addresses are looked up again)
+        self.done = 0  # collectives finished (failed ones included) in this epoch; counted by the backend
+        self.owed = 0  # collectives the last sync failed that this rank has not reached yet (they fail at once)
+        self.dropped = set()  # ranks the last sync dropped
 
     # --- reading the others' records --------------------------------------------------------------
     def _record(self, src):
+        """(session, round, operation number or None for a commit, mask) of src's record."""
         w = self.mesh.read_line(self.mesh.member_line(src))
-        return int(w[0]), int(w[1]), _ranks(w[2:2 + MASK_WORDS])
+        word = int(w[1])
+        if word & COMMIT:
+            rnd, op = COMMIT, None
+        else:
+            rnd, op = word & ((1 << ROUND_BITS) - 1), (word >> ROUND_BITS) - OP_BIAS
+        return int(w[0]), rnd, op, _ranks(w[2:2 + MASK_WORDS])
 
     def resync_requested(self):
         return int(self.mesh.flags[self.mesh.RESYNC * 8]) > self.epoch
@@ -62,6 +81,7 @@ class Membership:
         joined = set(active) - self.active
         self.replaced |= joined
         self.epoch, self.active = epoch, set(active)
+        self.done = 0  # operation numbers restart with the view (`owed` stays: it is counted before it)
         self.mesh.new_epoch(epoch, replaced=joined)
 
     def adopt_commits(self):
@@ -79,9 +99,10 @@ class Membership:
         return False
 
     # --- changes ----------------------------------------------------------------------------------
-    def _send(self, ranks, session, rnd, mask, raise_resync):
-        """Write our record to `ranks`; returns the ranks that could not be reached."""
-        words = [session, rnd] + _mask_words(mask)
+    def _send(self, ranks, session, rnd, mask, raise_resync, op=None):
+        """Write our record (a commit, or a sync proposal with operation number `op`) to `ranks`; returns
+        the ranks that could not be reached."""
+        words = [session, rnd if op is None else rnd | (op + OP_BIAS) << ROUND_BITS] + _mask_words(mask)
         unreachable = set()
         for p in sorted(ranks - {self.rank}):
             try:
@@ -105,47 +126,54 @@ class Membership:
         return session
 
     def sync(self, suspects=()):
-        """Agree with the other survivors on the healthy set; returns the ranks dropped."""
+        """Agree with the other survivors on the healthy set and on the last operation of the old view
+        (module doc); returns the ranks dropped. Afterwards `owed` collectives fail at once."""
         session = max(self.epoch, int(self.mesh.flags[self.mesh.RESYNC * 8]) - 1) + 1
         before = set(self.active)
+        mine = op = self.done - self.owed
         mask = (self.active - set(suspects)) | {self.rank}
         for p in before - {self.rank}:  # proposals already made for this session carry their evidence
-            s, _, m = self._record(p)
+            s, _, q, m = self._record(p)
             if s == session and self.rank in m:
                 mask &= m | {self.rank}
+                op = op if q is None else max(op, q)
         for rnd in range(1, len(before) + 3):
-            mask -= self._send(mask, session, rnd, mask, raise_resync=True)
-            got = self._collect(mask, session, rnd)
-            new = set(mask) & set(got) | {self.rank}
-            for other in got.values():
-                new &= other | {self.rank}
-            excluded_me = [p for p, m in got.items() if self.rank not in m]
+            mask -= self._send(mask, session, rnd, mask, raise_resync=True, op=op)
+            got = self._collect(mask, session, rnd, op)
+            new, new_op = set(mask) & set(got) | {self.rank}, op
+            for m, q in got.values():
+                new &= m | {self.rank}
+                new_op = new_op if q is None else max(new_op, q)
+            excluded_me = [p for p, (m, _) in got.items() if self.rank not in m]
             if excluded_me:
                 raise RuntimeError(f"mooncake pg: rank(s) {excluded_me} consider rank {self.rank} failed; "
                                    "this rank is no longer part of the group (rejoin with is_extension=True)")
-            if new == mask and all(m == mask for m in got.values()):
-                self._send(mask, session, rnd + 1, mask, raise_resync=False)
+            if new == mask and new_op == op and all(m == mask and q in (None, op) for m, q in got.values()):
+                self._send(mask, session, rnd + 1, mask, raise_resync=False, op=op)
                 break
-            mask = new
+            mask, op = new, new_op
         else:
             raise RuntimeError("mooncake pg: survivors did not agree on the healthy set")
         self._apply(session, mask)
+        self.owed = op - mine  # operations up to number `op` of the old view fail; op + 1 is the new view's 1
+        self.dropped = before - mask
         self.pending_failure = False
         return before - mask
 
-    def _collect(self, mask, session, rnd):
-        """Masks proposed by the ranks in `mask` for this session at round >= rnd (bounded wait)."""
-        got = {self.rank: set(mask)}
+    def _collect(self, mask, session, rnd, op):
+        """{rank: (mask, operation number)} proposed by the ranks in `mask` for this session at round >= rnd
+        (bounded wait); the operation number is None for a rank already in a later session."""
+        got = {self.rank: (set(mask), op)}
         deadline = time.monotonic() + self.timeout_s()
         waiting = set(mask) - {self.rank}
         while waiting and time.monotonic() < deadline:
             for p in list(waiting):
-                s, r, m = self._record(p)
+                s, r, q, m = self._record(p)
                 if s == session and r >= rnd:
-                    got[p] = m
+                    got[p] = (m, q)
                     waiting.discard(p)
-                elif s > session:  # it already agreed on a later view: take it
-                    got[p] = m
+                elif s > session:  # it already agreed on a later view: take it (its count is of that view)
+                    got[p] = (m, None)
                     waiting.discard(p)
             if waiting:
                 time.sleep(2e-4)
