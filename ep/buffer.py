@@ -73,13 +73,15 @@ def _align(n: int) -> int:
 class _Received:
     """What the sources of one dispatch sent: DeepEP's src_info and layout ranges, the rows per local expert
     (begins), and per active source its row blocks (local expert, first row in its region, first output row,
-    count) and row total."""
+    count), row total and route (via_host: its rows, and later its combine answers, came through the host
+    buffers)."""
 
     src_info: torch.Tensor
     ranges: torch.Tensor
     begins: list[int]
     blocks: dict[int, list[tuple[int, int, int, int]]]
     rows: dict[int, int]
+    via_host: dict[int, bool]
 
 
 class EventOverlap:
@@ -95,7 +97,7 @@ class EventOverlap:
 class _Layout:
     """Byte offsets inside one rank's buffer (identical on every rank).
 
-    Dispatch area, per source rank: [counts int32[L] | token ids int32[L*T] | rows [L*T, row]], the rows of
+    Dispatch area, per source rank: [counts int32[L] | token ids int32[L*T] | route int32 | rows [L*T, row]], the rows of
     local expert 0, then 1, ... packed, so a source fills a peer's area with a single write. Combine area, per
     owner rank: the answers for the rows this rank sent to that owner, in the same packed order.
     Receive areas are double-buffered by call parity: a fast peer may start call k+1 (writing parity k+1)
@@ -106,7 +108,8 @@ class _Layout:
     def __init__(self, world: int, local_experts: int, tokens: int, hidden: int):
         self.world, self.local, self.tokens, self.hidden = world, local_experts, tokens, hidden
         self.row = 2 * hidden  # a bf16 row; an fp8 row (hidden + hidden/32 bytes) fits in it
-        self.meta = _align(4 * local_experts * (1 + tokens))
+        self.route = 4 * local_experts * (1 + tokens)  # int32: 1 = the rows are in the host buffer (GPU path)
+        self.meta = _align(self.route + 4)
         self.region = self.meta + local_experts * tokens * self.row  # one source's dispatch area
         self.answers = local_experts * tokens * self.row  # one owner's combine area
         off = 0
@@ -203,7 +206,11 @@ class Buffer:
         self._mem = torch.frombuffer((ctypes.c_uint8 * self._layout.size).from_address(self._base), dtype=torch.uint8)
         if device.type == "cuda" or _emulate_gpu():
             from .cuda.path import GpuPath  # imported on first use: the CPU path needs no device code
-            self._gpu = GpuPath(self, _make_device(device))
+            try:
+                self._gpu = GpuPath(self, _make_device(device))
+            except Exception:
+                self._shape = self._layout = None  # nothing was published: a later call may try again
+                raise
         self._publish()
         self._peers = [self._lookup(r) for r in range(self.world)]
         if self._gpu is not None:
@@ -412,10 +419,12 @@ class Buffer:
         hook = (lambda: None) if return_recv_hook else None
         return recv[0], recv[1], recv[2] + (t, hidden, num_experts), EventOverlap(), hook
 
-    def _stage_meta(self, stage: int, chosen: list[torch.Tensor], t: int) -> torch.Tensor:
-        """Writes a target's counts and token ids (chosen[le]: the tokens for its local expert le) into the
-        host staging area at `stage`; returns the tokens in row order."""
+    def _stage_meta(self, stage: int, chosen: list[torch.Tensor], t: int, via_host: bool = True) -> torch.Tensor:
+        """Writes a target's counts and token ids (chosen[le]: the tokens for its local expert le) and the route
+        of this rank's rows to it (via_host: through the host buffers; else device to device, GPU path) into
+        the host staging area at `stage`; returns the tokens in row order."""
         local = self._layout.local
+        self._view(stage + self._layout.route, torch.int32, (1,))[0] = int(via_host)
         counts = self._view(stage, torch.int32, (local,))
         ids = self._view(stage + 4 * local, torch.int32, (local * t,))
         for le, idx in enumerate(chosen):
@@ -448,7 +457,7 @@ class Buffer:
         lay = self._layout
         local, slots = lay.local, self.world * t
         got = _Received(torch.full((local, slots), -1, dtype=torch.int32),
-                        torch.zeros(local, self.world, dtype=torch.int64), [0] * local, {}, {})
+                        torch.zeros(local, self.world, dtype=torch.int64), [0] * local, {}, {}, {})
         for s in range(self.world):
             if not self._active[s]:
                 continue
@@ -465,6 +474,7 @@ class Buffer:
                 got.begins[le] += c
                 first += c
             got.blocks[s], got.rows[s] = blocks, first
+            got.via_host[s] = bool(self._view(region + lay.route, torch.int32, (1,))[0])
         return got
 
     def _collect(self, seq: int, t: int, hidden: int, use_fp8: bool):

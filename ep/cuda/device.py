@@ -11,7 +11,7 @@ Interface (all pointers are integer addresses; index arrays are int64 tensors on
     ipc_handle(ptr) -> bytes         64 bytes that `ipc_open` in another process maps to the same memory
     ipc_open(handle) -> ptr; ipc_close(ptr)
     copy(dst, src, n, kind)          kind: H2D, D2H or D2D, ordered on stream()
-    synchronize()                    waits for everything issued on stream()
+    synchronize()                    waits for everything issued on the device (every stream)
     host_register(ptr, n) / host_unregister(ptr)
     pack_rows / unpack_rows / combine_tokens: see ep_kernels.cu
     as_tensor(ptr, size) -> a uint8 tensor on torch_device viewing the memory
@@ -64,6 +64,7 @@ def _library() -> ctypes.CDLL:
         "mc_ep_ipc_close": [vp],
         "mc_ep_memcpy_async": [vp, vp, ctypes.c_size_t, c_int, vp],
         "mc_ep_stream_sync": [vp],
+        "mc_ep_device_sync": [],
         "mc_ep_host_register": [vp, ctypes.c_size_t],
         "mc_ep_host_unregister": [vp],
     }
@@ -144,10 +145,14 @@ class CudaDevice:
         self._check(self._lib.mc_ep_ipc_close(ptr), "cudaIpcCloseMemHandle")
 
     def copy(self, dst: int, src: int, n: int, kind: int) -> None:
+        self._enter()
         self._check(self._lib.mc_ep_memcpy_async(dst, src, n, kind, self.stream()), "cudaMemcpyAsync")
 
     def synchronize(self) -> None:
-        self._check(self._lib.mc_ep_stream_sync(self.stream()), "cudaStreamSynchronize")
+        """Waits for the whole device, not only the current stream: a caller may run consecutive calls on
+        different streams, and a kernel of an earlier call must not still read a region a peer may now reuse."""
+        self._enter()
+        self._check(self._lib.mc_ep_device_sync(), "cudaDeviceSynchronize")
 
     def host_register(self, ptr: int, n: int) -> None:
         self._enter()

@@ -62,6 +62,8 @@ class HostEmulatedDevice:
         return _HANDLE.pack(_MAGIC, os.getpid(), fd).ljust(64, b"\0")
 
     def ipc_open(self, handle: bytes) -> int:
+        if os.environ.get("MC_EP_EMULATE_IPC_OPEN_FAILS") == "1":  # tests: as cudaIpcOpenMemHandle may
+            raise OSError("emulated IPC open failure")
         magic, pid, fd = _HANDLE.unpack_from(handle)
         if magic != _MAGIC:
             raise ValueError("not an emulated-device IPC handle")

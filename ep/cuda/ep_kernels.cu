@@ -149,10 +149,12 @@ MC_EP_API const char* mc_ep_error_string(int error) { return cudaGetErrorString(
 // This library links its own CUDA runtime, whose current device is per thread: callers set it before each use.
 MC_EP_API int mc_ep_set_device(int device) { return cudaSetDevice(device); }
 
-// Device memory that other processes on this host can map (cudaIpcGetMemHandle needs a cudaMalloc base).
+// Zeroed device memory that other processes on this host can map (cudaIpcGetMemHandle needs a cudaMalloc base).
+// Returns after the zeroing finished: no later copy on any stream (or from a peer) can be overtaken by it.
 MC_EP_API int mc_ep_malloc(void** ptr, size_t size) {
   cudaError_t err = cudaMalloc(ptr, size);
   if (err == cudaSuccess) err = cudaMemset(*ptr, 0, size);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
   return err;
 }
 
@@ -182,6 +184,9 @@ MC_EP_API int mc_ep_memcpy_async(void* dst, const void* src, size_t n, int kind,
 }
 
 MC_EP_API int mc_ep_stream_sync(void* stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
+
+// Waits for all work on the current device, on every stream (callers may switch streams between calls).
+MC_EP_API int mc_ep_device_sync() { return cudaDeviceSynchronize(); }
 
 // Pins host memory (e.g. the Transfer Engine buffer) so device<->host copies run at full speed.
 MC_EP_API int mc_ep_host_register(void* ptr, size_t size) {

@@ -40,11 +40,19 @@ from mooncake.ep.cuda.emulation import HostEmulatedDevice  # noqa: E402
 ARCH = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=[sm_90,compute_90]"]
 
 
+def _nvcc() -> str:
+    home = os.environ.get("CUDA_HOME")
+    for candidate in ([os.path.join(home, "bin", "nvcc")] if home else []) + ["/usr/local/cuda/bin/nvcc"]:
+        if os.path.exists(candidate):
+            return candidate
+    return "nvcc"  # from PATH
+
+
 def build() -> str:
-    lib = os.path.join(HERE, devmod.LIBRARY)
-    if os.path.exists(lib):
-        return f"using {lib}"
-    cmd = ["nvcc", "-shared", "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *ARCH,
+    lib, src = os.path.join(HERE, devmod.LIBRARY), os.path.join(HERE, "ep_kernels.cu")
+    if os.path.exists(lib) and os.path.getmtime(lib) >= os.path.getmtime(src):
+        return f"using {lib} (newer than its source)"
+    cmd = [_nvcc(), "-shared", "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *ARCH,
            os.path.join(HERE, "ep_kernels.cu"), "-o", lib]
     t0 = time.monotonic()
     subprocess.run(cmd, check=True)
@@ -110,17 +118,26 @@ def check_ipc(gpu) -> dict:
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_ipc_owner, args=(child,))
     proc.start()
+    child.close()  # so a dead owner reads as EOF here, not as a silent wait
+
+    def receive():
+        if not parent.poll(60):
+            raise TimeoutError("the IPC owner process did not answer within 60 s")
+        return parent.recv()
+
     try:
-        handle = parent.recv()
+        handle = receive()
         mapped = gpu.ipc_open(handle)
         src = torch.arange(1 << 20, dtype=torch.int64, device="cuda").remainder(251).to(torch.uint8)
         gpu.copy(mapped, src.data_ptr(), 1 << 20, devmod.D2D)
         gpu.synchronize()
         parent.send("written")
-        ok = parent.recv()
+        ok = receive()
         gpu.ipc_close(mapped)
     finally:
         proc.join(30)
+        if proc.is_alive():
+            proc.kill()
     return {"ipc_write_visible_to_owner": ok}
 
 
@@ -176,14 +193,23 @@ def time_kernels(gpu) -> dict:
 def end_to_end() -> dict:
     try:
         import mooncake.engine  # noqa: F401
+        import mooncake.pg  # noqa: F401
+        import pytest  # noqa: F401
     except ImportError as e:
-        return {"skipped": f"the Transfer Engine extension does not import in this Python ({e}); build it for "
-                           f"{sys.version.split()[0]} to run the 2-process check"}
+        return {"skipped": f"{e.name or e} does not import in this Python ({e}); the 2-process check needs the "
+                           f"Transfer Engine extension built for {sys.version.split()[0]}, mooncake.pg and pytest"}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_EP_TEST_DEVICE": "cuda"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "ep", "buffer_test.py"),
            "-k", "match_the_reference"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    return {"passed": proc.returncode == 0, "output": proc.stdout[-2000:] + proc.stderr[-2000:]}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the workers too: none may keep the GPU
+        out, _ = proc.communicate()
+        return {"passed": False, "output": "timed out after 300 s\n" + out[-4000:]}
+    return {"passed": proc.returncode == 0, "output": out[-4000:]}
 
 
 def main() -> int:
@@ -199,6 +225,10 @@ def main() -> int:
     reason = devmod.unavailable_reason()
     if reason:
         print(f"no usable GPU: {reason}")
+        if torch.cuda.is_available():
+            print(f"torch sees {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}): the kernels were "
+                  "probably built with a toolkit newer than this driver supports; rebuild them with a matching "
+                  "nvcc (delete ep/cuda/libmooncake_ep_cuda.so, set CUDA_HOME)")
         return 2
     gpu = devmod.CudaDevice(torch.device("cuda:0"))
     summary["device"] = torch.cuda.get_device_name(0)

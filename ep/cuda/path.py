@@ -10,9 +10,12 @@ Dispatch metadata (counts, token ids) and the per-source sequence flags always t
 so the control flow (ordering, timeouts, `active_ranks`) is the CPU path's own: a flag is written only after
 this rank's device copies and Transfer Engine writes completed.
 
-Which way a pair (sender, receiver) uses is a rule both sides evaluate alike: device-to-device when both
-published an IPC handle and the same host key. MC_EP_GPU_IPC=0 publishes none (every transfer then goes through
-the host buffers, e.g. where containers forbid CUDA IPC). Threading: as Buffer (one caller at a time).
+Route: the sender decides. It copies device-to-device to every peer whose device buffer it mapped (same host
+key, both published an IPC handle, and cudaIpcOpenMemHandle succeeded), and through the host otherwise; it
+states the route in the dispatch metadata, and the receiver fetches host rows accordingly, for that dispatch
+and for the combine answers the same sender returns. MC_EP_GPU_IPC=0 publishes no handle (every transfer then
+goes through the host buffers, e.g. where containers forbid CUDA IPC). Threading: as Buffer (one caller at a
+time).
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ def host_key() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """The kernels load rows 16 bytes at a time: a tensor starting at an odd offset of its storage is copied."""
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
 def _index(values: list | np.ndarray, device) -> torch.Tensor:
     return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(device)
 
@@ -54,6 +62,7 @@ class GpuPath:
         device.host_register(buf._base, size)
         self._peer_base: list[int | None] = [None] * buf.world  # mapped device buffer of each same-host peer
         self._peer_handle: list[str | None] = [None] * buf.world
+        self._via_host_from: list[bool] = [True] * buf.world  # route of each source's rows, from its metadata
         self._outputs: dict = {}
 
     def info(self) -> dict:
@@ -85,12 +94,12 @@ class GpuPath:
                 try:
                     self._peer_base[r] = self.dev.ipc_open(bytes.fromhex(handle))
                 except (DeviceError, OSError, ValueError) as e:
-                    _log.error("mooncake.ep: cannot map the device buffer of rank %d (%s); it is set inactive", r, e)
-                    self.buf._active[r] = 0
+                    _log.warning("mooncake.ep: cannot map the device buffer of rank %d (%s); rows to it go through "
+                                 "the host buffers", r, e)
 
     def _direct(self, r: int) -> bool:
-        """Device-to-device with rank r (the rule both sides evaluate alike)."""
-        return self._peer_handle[r] is not None
+        """Whether this rank writes rank r's device buffer directly (else through the host buffers)."""
+        return self._peer_base[r] is not None
 
     def _move(self, targets: list[tuple[int, int, int, int]], region_of) -> dict[int, list]:
         """Sends staged rows: targets = (rank, staging offset, bytes of metadata before the rows, row bytes).
@@ -99,8 +108,6 @@ class GpuPath:
         for r, stage, meta, nbytes in targets:
             remote = region_of(r)
             if self._direct(r):
-                if self._peer_base[r] is None:
-                    continue  # its buffer could not be mapped: already inactive
                 self.dev.copy(self._peer_base[r] + remote + meta, self.base + stage + meta, nbytes, D2D)
                 writes[r] = [(stage, remote, meta)] if meta else []
             else:
@@ -111,7 +118,7 @@ class GpuPath:
 
     def _fetch_host_rows(self, source: int, offset: int, nbytes: int) -> None:
         """Rows that came through the host buffer go to the same offset of the device buffer."""
-        if nbytes and not self._direct(source):
+        if nbytes and self._via_host_from[source]:
             self.dev.copy(self.base + offset, self.buf._base + offset, nbytes, H2D)
 
     # ------------------------------------------------------------------ dispatch
@@ -120,12 +127,14 @@ class GpuPath:
                  deadline: float):
         buf, lay = self.buf, self.buf._layout
         hidden, local = x.shape[1], lay.local
+        x = _aligned(x)
         src_rows, dst_offsets, targets = [], [], []
         for r in range(buf.world):
             if not buf._active[r]:
                 continue
             stage = lay.send_dispatch + r * lay.region
-            token_idx = buf._stage_meta(stage, [pairs[r * local + le] // topk for le in range(local)], t)
+            token_idx = buf._stage_meta(stage, [pairs[r * local + le] // topk for le in range(local)], t,
+                                        via_host=not self._direct(r))
             total = len(token_idx)
             src_rows.append(token_idx.numpy())
             dst_offsets.append(stage + lay.meta + np.arange(total, dtype=np.int64) * lay.row)
@@ -144,6 +153,7 @@ class GpuPath:
         received = buf._received(seq, t)
         src_offsets, dst_rows = [], []
         for s, blocks in received.blocks.items():
+            self._via_host_from[s] = received.via_host[s]
             region = lay.dispatch_region(seq, s) + lay.meta
             self._fetch_host_rows(s, region, received.rows[s] * lay.row)
             for le, first, begin, c in blocks:
@@ -169,6 +179,7 @@ class GpuPath:
                 owners: list[int], seq: int, deadline: float, out: torch.Tensor | None) -> torch.Tensor:
         buf, lay = self.buf, self.buf._layout
         slots, hidden = x.shape[1], x.shape[2]
+        x = _aligned(x.contiguous())
         ranges = ranges.cpu()
         src_rows, dst_offsets, targets = [], [], []
         for s, stage, blocks in buf._answer_plan(ranges):
@@ -179,7 +190,7 @@ class GpuPath:
             dst_offsets.append(stage + np.arange(n, dtype=np.int64) * lay.row)
             targets.append((s, stage, 0, n * lay.row))
         if targets:
-            self.dev.pack_rows(x.contiguous(), _index(np.concatenate(src_rows), x.device),
+            self.dev.pack_rows(x, _index(np.concatenate(src_rows), x.device),
                                _index(np.concatenate(dst_offsets), x.device), hidden, self.base, False)
         writes = self._move(targets, lambda s: lay.combine_region(seq, buf.rank))
         buf._exchange(writes, lay.area(seq, "combine_flags"), seq, owners, deadline)

@@ -14,10 +14,16 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setenv("MC_EP_EMULATE_GPU", "1")
 
 
-@pytest.mark.parametrize("world,backend,ipc", [(2, "gloo", "1"), (3, "mooncake-cpu", "1"), (3, "gloo", "0")])
+@pytest.mark.parametrize("world,backend,ipc", [(2, "gloo", "1"), (3, "mooncake-cpu", "1"), (3, "gloo", "0"),
+                                               (2, "gloo", "open-fails")])
 def test_gpu_path_matches_the_reference(world, backend, ipc, monkeypatch):
-    """ipc=1: device-to-device copies into mapped peer buffers; ipc=0: rows through the host buffers."""
-    monkeypatch.setenv("MC_EP_GPU_IPC", ipc)
+    """ipc=1: device-to-device copies into mapped peer buffers; ipc=0: rows through the host buffers;
+    open-fails: handles are published but cannot be mapped, so each sender falls back to the host route and
+    says so in its metadata."""
+    if ipc == "open-fails":
+        monkeypatch.setenv("MC_EP_EMULATE_IPC_OPEN_FAILS", "1")
+    else:
+        monkeypatch.setenv("MC_EP_GPU_IPC", ipc)
     for rc, out, err in run_ranks(world, "basic", backend=backend):
         assert rc == 0, err[-3000:]
         report = json.loads(out)
