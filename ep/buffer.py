@@ -97,8 +97,9 @@ class EventOverlap:
 class _Layout:
     """Byte offsets inside one rank's buffer (identical on every rank).
 
-    Dispatch area, per source rank: [counts int32[L] | token ids int32[L*T] | route int32 | rows [L*T, row]], the rows of
-    local expert 0, then 1, ... packed, so a source fills a peer's area with a single write. Combine area, per
+    Dispatch area, per source rank: [counts int32[L] | token ids int32[L*T] | route int32 | rows [L*T, row]],
+    the rows of local expert 0, then 1, ... packed, so a source fills a peer's area with a single write (the
+    route says whether the rows came through this host buffer or straight into the GPU buffer). Combine area, per
     owner rank: the answers for the rows this rank sent to that owner, in the same packed order.
     Receive areas are double-buffered by call parity: a fast peer may start call k+1 (writing parity k+1)
     while this rank still reads call k; it cannot start k+2 before this rank's signal for k+1, which is sent
