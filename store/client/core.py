@@ -64,6 +64,7 @@ CACHE_MAX_ENTRIES = 1 << 16
 MAX_KEY_BYTES = 4096
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+_CLIENT_NOT_FOUND = int(ErrorCode.CLIENT_NOT_FOUND)
 _LOCAL_DISK = pb.REPLICA_TYPE_LOCAL_DISK
 _REPORT_CHUNK = 4096  # disk objects per NotifyOffloadSuccess
 
@@ -242,7 +243,8 @@ class StoreCore:
             self._disk_server.close()
             self._disk_server = None
         if self._disk is not None:
-            self._disk.close()  # the last writes are reported, then the master forgets the tier (files stay)
+            self._disk.close()  # queued writes dropped, done ones reported; then the master forgets the tier
+            # (files stay). Only now may the engine unmap the segment the writer read from.
             self._disk = None
             if unmount and self._master is not None:
                 self._rpc("UnmountLocalDisk")
@@ -301,11 +303,13 @@ class StoreCore:
 
     # -- SSD tier: what the master knows of it ---------------------------------------------------------------
     def _mount_disk(self) -> int:
-        """MountLocalDisk, then every file of the tier again (after setup: the rebuilt index; after a
-        remount: what the master lost). Obsolete files (the object changed meanwhile) are deleted."""
+        """MountLocalDisk, then every confirmed file of the tier again (after setup: the rebuilt index; after a
+        remount: what the master lost). Obsolete files (the object changed meanwhile) are deleted, and so are
+        the files no master confirmed before this mount (their tasks belong to a master, or a mount, gone)."""
         disk, server = self._disk, self._disk_server
         if disk is None or server is None:
             return OK
+        disk.discard(disk.pending())  # taken before the mount: a task of the new mount is not among them
         reply = self._rpc("MountLocalDisk", endpoint=server.endpoint)
         code = reply if isinstance(reply, int) else reply.code
         if code != OK:
@@ -324,12 +328,16 @@ class StoreCore:
             _log.info("SSD tier: %d object(s) reported to the master (%d obsolete)", len(objects), len(stale))
         return OK
 
-    def _report_stored(self, objects: list) -> tuple[list, bool]:
+    def _report_stored(self, objects: list) -> tuple[list, list, bool]:
+        """(obsolete files, files the master recorded, delivered). A tier the master does not know
+        (CLIENT_NOT_FOUND: it restarted, or forgot this client) never handed out these tasks: obsolete."""
         reply = self._rpc("NotifyOffloadSuccess", objects=[pb.DiskObject(key=k, size=n, seq=seq, version=v)
                                                            for k, n, seq, v in objects])
         if isinstance(reply, int):
-            return [], reply == NOT_READY  # closed: nothing to retry; RPC failure: offer them again
-        return [(k, seq) for (k, _, seq, _), c in zip(objects, reply.codes) if c == _NOT_FOUND], True
+            return [], [], reply == NOT_READY  # closed: nothing to retry; RPC failure: offer them again
+        codes = list(zip(objects, reply.codes))
+        return ([(k, seq) for (k, _, seq, _), c in codes if c in (_NOT_FOUND, _CLIENT_NOT_FOUND)],
+                [(k, seq) for (k, _, seq, _), c in codes if c == OK], True)
 
     def _on_disk_drops(self, objects: list) -> None:
         disk = self._disk

@@ -9,7 +9,8 @@ reader pulls the bytes with one Transfer Engine read and calls ``ReleaseDiskObje
 
 Bounds: at most MAX_HOLDS holds and MC_STORE_DISK_SERVE_MAX_BYTES (default 1 GiB) held at once (beyond:
 OBJECT_REPLICA_BUSY, the reader retries for a moment); a hold the reader never releases (it died) is
-reclaimed after MC_STORE_DISK_HOLD_MS (30 s). Calls to an owner time out after MC_STORE_DISK_RPC_TIMEOUT_MS
+reclaimed MC_STORE_DISK_HOLD_MS (30 s) after the answer (checked on every read and by a timer); a reader
+treats a release not answered OK as a failed transfer (the bytes may have been reused meanwhile). Calls to an owner time out after MC_STORE_DISK_RPC_TIMEOUT_MS
 (5 s); an owner that is gone (connection refused, or no answer in time) reads as OBJECT_NOT_FOUND: its
 replicas are lost with it (the master drops them when the owner's liveness expires).
 
@@ -74,10 +75,19 @@ class DiskServer:
                                          service="DiskReplicaService", thread_name="store-disk-rpc")
         self.endpoint = f"[{host}]:{self._server.port}" if ":" in host else f"{host}:{self._server.port}"
         self.served = 0
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="store-disk-reap", daemon=True)
 
     def start(self) -> "DiskServer":
         self._server.start()
+        self._reaper.start()
         return self
+
+    def _reap(self) -> None:
+        """Reclaims expired holds even when no read comes in."""
+        period = min(1.0, max(0.01, self._hold_sec / 4))
+        while not self._stop.wait(period):
+            self._expire(time.monotonic())
 
     # -- DiskReplicaService ------------------------------------------------------------------------------------
     def ReadDiskObject(self, request, context):
@@ -107,6 +117,7 @@ class DiskServer:
         if n != size:
             hold.release()
             return pb.DiskReadReply(code=ErrorCode.OBJECT_NOT_FOUND)
+        hold.deadline = time.monotonic() + self._hold_sec  # the reader's time starts with the answer
         with self._lock:
             handle = self._next
             self._next += 1
@@ -129,7 +140,7 @@ class DiskServer:
             if len(self._holds) >= MAX_HOLDS or self._held_bytes + size > self._max_bytes:
                 return None
             self._held_bytes += size
-        deadline = time.monotonic() + self._hold_sec
+        deadline = float("inf")  # set once the file is read (ReadDiskObject)
         staging = self._staging
         addr = staging.alloc(size)
         if addr is not None:
@@ -162,6 +173,9 @@ class DiskServer:
 
     def close(self) -> None:
         self._server.stop()
+        self._stop.set()
+        if self._reaper.is_alive():
+            self._reaper.join()
         with self._lock:
             holds, self._holds = list(self._holds.values()), {}
         for hold in holds:
@@ -215,13 +229,21 @@ class DiskPeers:
             if reply.code == ErrorCode.OBJECT_REPLICA_BUSY:
                 _log.warning("get %r: the owner of its disk replica (%s) is busy", key, endpoint)
             return reply.code, False
+        ok = False
         try:
             ok = pull(reply.segment_name, reply.address, reply.size)
         finally:
+            # Only a hold released by us was held during the whole pull: one the owner reclaimed (too slow a
+            # pull) or an unknown answer means the bytes may have been overwritten meanwhile.
             try:
-                c.call("ReleaseDiskObject", pb.DiskReleaseRequest(handle=reply.handle))
-            except FastRpcError:
-                pass  # the owner reclaims the hold after its timeout
+                released = c.call("ReleaseDiskObject", pb.DiskReleaseRequest(handle=reply.handle)).code == 0
+            except FastRpcError as e:
+                self._forget(endpoint, c)
+                _log.warning("get %r: releasing its disk replica at %s failed: %s", key, endpoint, e.details())
+                released = False  # the owner reclaims the hold after its timeout
+            if ok and not released:
+                _log.warning("get %r: the owner (%s) reclaimed its hold during the transfer", key, endpoint)
+                ok = False
         return (reply.size, reply.promote) if ok else (int(ErrorCode.TRANSFER_FAIL), False)
 
     def close(self) -> None:

@@ -7,7 +7,11 @@ One background thread writes them, to a temporary name renamed into place (a cra
 object), straight from that memory. After each batch of writes it reports the new files
 (``Reporter.stored``: the client sends NotifyOffloadSuccess with the versions; the master records them as
 LOCAL_DISK replicas, or answers that the object changed since the task, i.e. the copy may be torn, and the
-file is deleted) and the files the capacity limit deleted (``Reporter.evicted``: EvictDiskReplica). Files
+file is deleted) and the files the capacity limit deleted (``Reporter.evicted``: EvictDiskReplica). Only
+files still in the index as written are reported (a file the capacity limit deleted in the same batch is
+not). A file is written unconfirmed (magic PENDING_MAGIC) and marked confirmed (MAGIC) once the master
+recorded it; only confirmed files are re-reported after a restart or a remount, the others are deleted
+(``pending``: what to delete at a remount). Files
 the master finds obsolete (the object was removed or overwritten) come back through ``discard`` and are
 deleted by the same thread, so deletions and writes of one key never race.
 
@@ -24,9 +28,10 @@ directory at setup); beyond it the least recently used files are deleted. Restar
 seq, last use) is rebuilt from the files' headers at start-up (``entries`` lists it for the re-report),
 so the tier survives a client restart.
 
-File format: magic b"MCSSD002", u32 key length, u64 value length, u64 seq, key (UTF-8), value. Name:
+File format: magic b"MCSSD002" (b"MCSSD00P" until the master confirmed it), u32 key length, u64 value length, u64 seq, key (UTF-8), value. Name:
 sha1(key). Files of another format are ignored (and left alone).
-Threading: all methods are thread-safe; ``close`` drains the queue (reporting) and stops the thread.
+Threading: all methods are thread-safe; ``close`` drops the writes still queued (their memory is about to
+go), reports what was written and waits for the thread (afterwards nothing reads the submitted memory).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import threading
 
 _log = logging.getLogger("mooncake.store.client.ssd")
 MAGIC = b"MCSSD002"
+PENDING_MAGIC = b"MCSSD00P"  # written, not (yet) recorded by the master
 _HEAD = struct.Struct("<8sIQQ")
 PROMOTE_HITS = 2
 QUEUE_LIMIT = 1024
@@ -54,10 +60,12 @@ _MAX_UNREPORTED = 1 << 16
 class Reporter:
     """What the tier tells its client (which tells the master); the default reports nothing."""
 
-    def stored(self, objects: list[tuple[str, int, int, int]]) -> tuple[list[tuple[str, int]], bool]:
+    def stored(self, objects: list[tuple[str, int, int, int]]
+               ) -> tuple[list[tuple[str, int]], list[tuple[str, int]], bool]:
         """New files (key, size, seq, the master's offload task version). Returns (files to delete as
-        obsolete: (key, seq), delivered); not delivered: the same objects are offered again later."""
-        return [], True
+        obsolete: (key, seq), files the master recorded: (key, seq), delivered); not delivered: the same
+        objects are offered again later. Without a master, every file counts as recorded."""
+        return [], [(k, seq) for k, _, seq, _ in objects], True
 
     def evicted(self, objects: list[tuple[str, int]]) -> None:
         """Files (key, seq) the capacity limit deleted."""
@@ -81,6 +89,8 @@ class DiskTier:
         self.used = 0
         self.dropped = 0
         self._unreported: list[tuple[str, int, int]] = []
+        self._pending: dict[str, int] = {}  # key -> seq of its file not confirmed by the master yet
+        self._closing = False
         self._rebuild()
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._thread = threading.Thread(target=self._writer, name="store-ssd", daemon=True)
@@ -102,6 +112,9 @@ class DiskTier:
                 with open(full, "rb") as f:
                     magic, klen, size, seq = _HEAD.unpack(f.read(_HEAD.size))
                     key = f.read(klen).decode()
+                if magic == PENDING_MAGIC:
+                    os.unlink(full)  # never recorded by the master: maybe stale or torn
+                    continue
                 if magic != MAGIC or os.path.getsize(full) != _HEAD.size + klen + size:
                     raise ValueError("bad header")
             except (OSError, ValueError, struct.error, UnicodeDecodeError):
@@ -154,6 +167,9 @@ class DiskTier:
             stored, evicted, stop = [], [], False
             for op, a, b in items:
                 if op == "write":
+                    if self._closing:  # the memory to copy is about to be unmapped
+                        self.dropped += 1
+                        continue
                     try:
                         self._write(a, b[0], b[1], stored, evicted)
                     except OSError as e:
@@ -172,14 +188,17 @@ class DiskTier:
 
     def _report(self, stored: list, evicted: list) -> None:
         try:
+            with self._lock:  # only files still there as written (not evicted or replaced meanwhile)
+                index = self._index
+                stored = [o for o in self._unreported + stored if index.get(o[0]) == (o[1], o[2])]
+            self._unreported = []
             if evicted:
                 self.reporter.evicted(evicted)
-            stored = self._unreported + stored
-            self._unreported = []
             if stored:
-                obsolete, delivered = self.reporter.stored(stored)
+                obsolete, confirmed, delivered = self.reporter.stored(stored)
                 if not delivered:
                     self._unreported = stored[-_MAX_UNREPORTED:]
+                self._confirm(confirmed)
                 self._delete(obsolete)
         except Exception:  # a reporter bug must not stop the writer
             _log.exception("SSD tier: reporting to the master failed")
@@ -194,17 +213,19 @@ class DiskTier:
             self._seq += 1
             seq = self._seq
         with open(path + ".tmp", "wb") as f:
-            f.write(_HEAD.pack(MAGIC, len(kb), len(data), seq))
+            f.write(_HEAD.pack(PENDING_MAGIC, len(kb), len(data), seq))
             f.write(kb)
             f.write(data)
         with self._lock:  # rename and index together: a concurrent delete sees one or the other
             os.replace(path + ".tmp", path)
             self.used += len(data) - self._index.pop(key, (0, 0))[0]
             self._index[key] = (len(data), seq)
+            self._pending[key] = seq
             while self.used > self.capacity and self._index:
                 k, (size, s) = self._index.popitem(last=False)
                 self.used -= size
                 self._hits.pop(k, None)
+                self._pending.pop(k, None)
                 self._unlink(k)
                 evicted.append((k, s))
         stored.append((key, len(data), seq, version))
@@ -217,8 +238,22 @@ class DiskTier:
                     continue
                 del self._index[key]
                 self._hits.pop(key, None)
+                self._pending.pop(key, None)
                 self.used -= entry[0]
                 self._unlink(key)
+
+    def _confirm(self, objects) -> None:
+        """Marks the files (key, seq) the master recorded: they survive a restart."""
+        with self._lock:  # a concurrent delete sees the file before or after
+            for key, seq in objects:
+                if self._pending.get(key) != seq:
+                    continue
+                try:
+                    with open(self._file(key), "r+b") as f:
+                        f.write(MAGIC)
+                    del self._pending[key]
+                except OSError as e:
+                    _log.warning("SSD tier: confirming %r failed: %s", key, e)
 
     # -- reads / removal ---------------------------------------------------------------------------------------
     def size(self, key: str) -> int | None:
@@ -232,9 +267,15 @@ class DiskTier:
             return self._index.get(key)
 
     def entries(self) -> list[tuple[str, int, int]]:
-        """(key, size, seq) of every file, least recently used first."""
+        """(key, size, seq) of every confirmed file, least recently used first."""
         with self._lock:
-            return [(k, size, seq) for k, (size, seq) in self._index.items()]
+            pending = self._pending
+            return [(k, size, seq) for k, (size, seq) in self._index.items() if pending.get(k) != seq]
+
+    def pending(self) -> list[tuple[str, int]]:
+        """(key, seq) of the files the master did not confirm (yet)."""
+        with self._lock:
+            return list(self._pending.items())
 
     def open_value(self, key: str, seq: int = 0):
         """(file positioned at the value, size, seq, promote) for a read of `key` (version `seq`, 0: any), or
@@ -254,7 +295,7 @@ class DiskTier:
             return None
         try:
             magic, klen, fsize, fseq = _HEAD.unpack(f.read(_HEAD.size))
-            if magic == MAGIC and fsize == size and fseq == seq:
+            if magic in (MAGIC, PENDING_MAGIC) and fsize == size and fseq == seq:
                 f.seek(klen, os.SEEK_CUR)
                 return f, size, seq, hits >= PROMOTE_HITS
         except (OSError, struct.error):
@@ -278,6 +319,7 @@ class DiskTier:
             for k in keys:
                 entry = self._index.pop(k, None)
                 self._hits.pop(k, None)
+                self._pending.pop(k, None)
                 if entry is None:
                     continue
                 self.used -= entry[0]
@@ -298,5 +340,11 @@ class DiskTier:
             pass
 
     def close(self) -> None:
-        self._queue.put(("stop", None, None))
-        self._thread.join(timeout=30)
+        self._closing = True
+        while self._thread.is_alive():
+            try:
+                self._queue.put(("stop", None, None), timeout=1.0)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()  # no timeout: the caller unmaps the memory the writer may still be reading

@@ -108,20 +108,35 @@ def test_disk_tier_survives_restart(master, tmp_path):
         s.close()
 
 
+class Recorder(Reporter):
+    """Records the reports (also in one ordered log); confirms every stored file not in `refuse`."""
+
+    def __init__(self, refuse=()):
+        self.stored_log, self.evicted_log, self.log, self.refuse = [], [], [], set(refuse)
+
+    def stored(self, objects):
+        self.stored_log.extend(objects)
+        self.log += [("stored", k, seq) for k, _, seq, _ in objects]
+        return [], [(k, seq) for k, _, seq, _ in objects if k not in self.refuse], True
+
+    def evicted(self, objects):
+        self.evicted_log.extend(objects)
+        self.log += [("evicted", k, seq) for k, seq in objects]
+
+
+def _no_report_of_deleted_files(rec):
+    """No file is reported stored after (or in the same batch as) its deletion by the capacity limit."""
+    gone = set()
+    for op, k, seq in rec.log:
+        if op == "evicted":
+            gone.add((k, seq))
+        else:
+            assert (k, seq) not in gone, (k, seq)
+
+
 def test_disk_capacity_and_torn_files(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a tier file")
     (tmp_path / "x.tmp").write_bytes(b"interrupted")
-
-    class Recorder(Reporter):
-        def __init__(self):
-            self.stored_log, self.evicted_log = [], []
-
-        def stored(self, objects):
-            self.stored_log.extend(objects)
-            return [], True
-
-        def evicted(self, objects):
-            self.evicted_log.extend(objects)
 
     rec = Recorder()
     d = DiskTier(str(tmp_path), capacity=10 * KiB, reporter=rec)
@@ -132,8 +147,9 @@ def test_disk_capacity_and_torn_files(tmp_path):
         assert [d.size(f"k{i}") for i in range(5)] == [None, None, 3 * KiB, 3 * KiB, 3 * KiB]
         assert d.used == 9 * KiB and not (tmp_path / "x.tmp").exists()
         assert d.read("k4") == (bytes([4]) * (3 * KiB), False)
-        assert [(k, v) for k, _, _, v in rec.stored_log] == [(f"k{i}", 0) for i in range(5)]
+        assert [(k, v) for k, _, _, v in rec.stored_log][-3:] == [(f"k{i}", 0) for i in (2, 3, 4)]
         assert [k for k, _ in rec.evicted_log] == ["k0", "k1"]
+        _no_report_of_deleted_files(rec)
         seq4 = d.lookup("k4")[1]
         d.discard([("k4", seq4 + 1)])   # another version: kept
         d.submit("k3", memoryview(b"new" * 1000), 7)  # a newer file of k3: an old notice must not delete it
@@ -236,3 +252,96 @@ def test_dead_owner_reads_as_not_found(cluster, tmp_path):
     assert time.monotonic() - t0 < 5
     assert _wait(lambda: b.call("is_exist", "e3") == 0)            # expired: its disk replicas are gone
     assert _descs(b, "e3") == [] and b.call("get_size", "e3") == E.OBJECT_NOT_FOUND
+
+
+def test_files_evicted_in_their_batch_are_not_reported(tmp_path):
+    rec = Recorder()
+    d = DiskTier(str(tmp_path), capacity=10 * KiB, reporter=rec)
+    try:
+        with d._lock:  # the writer stops at a first write: the others make one batch, with evictions
+            d.submit("z", b"z")
+            time.sleep(0.2)
+            for i in range(5):
+                d.submit(f"k{i}", bytes([i]) * (3 * KiB))
+        d.flush()
+        assert {k for k, _ in rec.evicted_log} == {"z", "k0", "k1"}
+        assert [k for op, k, _ in rec.log if op == "stored"] == ["z", "k2", "k3", "k4"]  # z: in its own batch
+        _no_report_of_deleted_files(rec)
+    finally:
+        d.close()
+
+
+def test_only_confirmed_files_survive_a_restart(tmp_path):
+    rec = Recorder(refuse={"refused"})
+    d = DiskTier(str(tmp_path), capacity=1 * MiB, reporter=rec)
+    try:
+        d.submit("ok", b"a" * 100)
+        d.submit("refused", b"b" * 100)
+        d.flush()
+        assert d.read("refused") == (b"b" * 100, False)  # readable while unconfirmed
+        assert d.pending() == [("refused", d.lookup("refused")[1])]
+        assert [k for k, _, _ in d.entries()] == ["ok"]
+    finally:
+        d.close()
+    assert _file(tmp_path, "refused").exists()
+    d = DiskTier(str(tmp_path), capacity=1 * MiB)  # restart: the unconfirmed file goes
+    try:
+        assert [k for k, _, _ in d.entries()] == ["ok"] and d.read("ok") == (b"a" * 100, False)
+        assert not _file(tmp_path, "refused").exists() and d.pending() == []
+    finally:
+        d.close()
+
+
+def test_close_drops_queued_writes(tmp_path):
+    rec = Recorder()
+    d = DiskTier(str(tmp_path), capacity=1 * MiB, reporter=rec)
+    with d._lock:  # the writer stops at its first write; close is asked meanwhile
+        for i in range(5):
+            d.submit(f"k{i}", bytes([i]) * KiB)
+        time.sleep(0.2)
+        d._closing = True  # what close() sets first
+    d.close()
+    assert not d._thread.is_alive()
+    assert [k for k, _, _ in d.entries()] == ["k0"] and d.dropped == 4  # only the write in progress
+    assert [k for _, k, _ in rec.log] == ["k0"]
+
+
+def test_disk_hold_reclaimed_during_a_slow_pull_fails_the_read(tmp_path, monkeypatch):
+    """The owner reclaims a hold (on its timer, no other read needed) the reader still pulls from: the reader
+    must not trust the bytes. A pull in time reads fine."""
+    import ctypes
+
+    from mooncake.store.client.disk_serve import DiskPeers, DiskServer
+
+    class Staging:
+        def __init__(self):
+            self.buf = ctypes.create_string_buffer(64 * KiB)
+            self.freed = 0
+
+        def alloc(self, size):
+            return ctypes.addressof(self.buf)
+
+        def free(self, addr):
+            self.freed += 1
+
+    monkeypatch.setenv("MC_STORE_DISK_HOLD_MS", "200")
+    d = DiskTier(str(tmp_path), capacity=1 * MiB)
+    d.submit("k", b"v" * KiB)
+    d.flush()
+    staging = Staging()
+    server = DiskServer(d, None, staging, "seg", "127.0.0.1").start()
+    peers = DiskPeers()
+    try:
+        got = []
+
+        def pull(segment, addr, size, wait=0.0):
+            time.sleep(wait)
+            got.append(ctypes.string_at(addr, size))
+            return True
+        assert peers.read(server.endpoint, "k", 0, pull) == (KiB, False) and got == [b"v" * KiB]
+        assert peers.read(server.endpoint, "k", 0, lambda *a: pull(*a, wait=1.0)) == (E.TRANSFER_FAIL, False)
+        assert staging.freed == 2 and not server._holds
+    finally:
+        peers.close()
+        server.close()
+        d.close()

@@ -97,6 +97,9 @@ class Replicator:
                     if move and op.source in reps:
                         reps.remove(op.source)
                         svc._retire_locked(key, op.source, svc.now())
+                        task = svc.table.offloading.get(key)
+                        if task is not None and task.replica is op.source:
+                            svc._cancel_offload_locked(key)  # its bytes may be reused: no copy of them stands
                     reps.extend(op.new)
                     svc.table.objects[key] = pack_replicas(reps)  # keeps the object's LRU position
             svc.metrics.count("move_end" if move else "copy_end", code)

@@ -100,7 +100,9 @@ class MasterService:
         self._next_watermark_evict = 0.0
         self._sizes: dict[int, int] = {}
         self.disk_clients: dict[str, DiskClient] = {}
-        self._offload_version = 0
+        # Offload task versions start at a random 62-bit value per master process: a report of a task a
+        # previous master handed out (its copy may come from memory that master reused) never matches.
+        self._offload_version = random.SystemRandom().getrandbits(62)
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
         self.metrics.attach_state(self.snapshot)
@@ -684,11 +686,13 @@ class MasterService:
         value = t.objects.get(key)
         d = t.disk.get(key)
         if reload:
-            if value is not None and replicas_of(value)[0].size != size:
-                return ErrorCode.OBJECT_NOT_FOUND  # another version lives in memory: the file is stale
-            if value is None and d is None and key in t.pending:
+            if d is not None and d.owner is dc and d.seq == seq and d.size == size:
+                pass  # recorded already (a re-report)
+            elif value is not None:
+                return ErrorCode.OBJECT_NOT_FOUND  # in memory, and maybe a newer version: the file may be stale
+            elif d is None and key in t.pending:
                 return ErrorCode.OBJECT_REPLICA_BUSY
-            if d is not None and d.owner is not dc:
+            elif d is not None and d.owner is not dc:
                 return ErrorCode.REPLICA_ALREADY_EXISTS
         else:
             task = t.offloading.get(key)
@@ -708,7 +712,7 @@ class MasterService:
         """The client deleted these files (key, seq; seq 0: any version): their records go. Per object OK or
         REPLICA_NOT_FOUND (no such record of this client)."""
         with self._lock:
-            t = self.table
+            t, now = self.table, self._clock()
             dc = self.disk_clients.get(client_id)
             codes = []
             for key, seq in objects:
@@ -718,7 +722,7 @@ class MasterService:
                     continue
                 del t.disk[key]
                 if key not in t.objects:
-                    t.drop(key)  # the object is gone: its lease and pins too
+                    self._forget_disk_only_locked(key, now)
                 codes.append(OK)
             self.metrics.count("evict_disk_replica", n=len(objects))
             return codes
@@ -740,16 +744,26 @@ class MasterService:
         if d is not None and len(d.owner.drops) < _MAX_DISK_DROPS:
             d.owner.drops.append((key, d.seq))
 
+    def _forget_disk_only_locked(self, key: str, now: float) -> None:
+        """`key` lost its last (disk) replica: its lease and pins go, and a promote in flight too (nothing left
+        to promote; committing it would resurrect the object)."""
+        t = self.table
+        t.drop(key)
+        p = t.pending.get(key)
+        if p is not None and p.kind == PutKind.PROMOTE:
+            self._discard_locked(key, p, now, "removed")
+
     def _unmount_disk_locked(self, client_id: str) -> int:
         dc = self.disk_clients.pop(client_id, None)
         if dc is None:
             return 0
         t = self.table
         gone = [k for k, d in t.disk.items() if d.owner is dc]
+        now = self._clock()
         for k in gone:
             del t.disk[k]
             if k not in t.objects:
-                t.drop(k)
+                self._forget_disk_only_locked(k, now)
         for k in [k for k, task in t.offloading.items() if task.owner is dc]:
             del t.offloading[k]
         if gone:
