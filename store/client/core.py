@@ -67,6 +67,7 @@ _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 _CLIENT_NOT_FOUND = int(ErrorCode.CLIENT_NOT_FOUND)
 _LOCAL_DISK = pb.REPLICA_TYPE_LOCAL_DISK
 _REPORT_CHUNK = 4096  # disk objects per NotifyOffloadSuccess
+_SETUP_RELOAD_WAIT = 10.0  # seconds setup waits for the tier's files to be reported again
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
@@ -120,6 +121,13 @@ class StoreCore:
         self._disk = None  # ssd.DiskTier when enable_ssd_offload
         self._disk_server = None  # disk_serve.DiskServer (serves self._disk to other clients)
         self._disk_peers = None  # disk_serve.DiskPeers (reads other clients' disk replicas)
+        # What the master knows of the tier: _disk_lost counts the times it may have lost it (remount,
+        # CLIENT_NOT_FOUND); _disk_synced is the count the last complete MountLocalDisk + reload matched.
+        # While they differ, each ping starts a sync thread (one at a time) that declares and reloads again.
+        self._disk_lost = 0
+        self._disk_synced = -1
+        self._disk_sync_thread: threading.Thread | None = None
+        self._disk_sync_lock = threading.Lock()
         self._state_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -195,11 +203,13 @@ class StoreCore:
             except OSError as e:
                 _log.error("setup: cannot serve the SSD tier: %s", e)
                 return int(ErrorCode.INVALID_PARAMS)
-            code = self._mount_disk()
+            code = self._declare_disk()
             if code != OK:
                 _log.error("setup: declaring the SSD tier to the master failed: %s", code_name(code))
                 return code
-            self._master.on_remount = self._mount_disk
+            self._disk_lost, self._disk_synced = 0, -1
+            self._master.on_remount = self._disk_lost_now
+            self._master.on_ping = self._on_ping
             self._master.on_disk_drops = self._on_disk_drops
             self._master.offload_capacity = self._disk.free_slots
             self._master.on_offload = self._on_offload
@@ -222,6 +232,11 @@ class StoreCore:
         if info.client_ttl_sec > 0:
             interval = min(interval, info.client_ttl_sec / 3)
         self._master.start_heartbeat(interval)
+        if self._disk is not None:  # the reload of the files found runs beside the heartbeat (liveness)
+            self._disk_tick(declare=False)
+            sync = self._disk_sync_thread
+            if sync is not None:
+                sync.join(_SETUP_RELOAD_WAIT)  # usually done at once; a long one goes on after setup
         if self._global[1]:
             from mooncake.store.client.tasks import TaskRunner
             self._tasks = TaskRunner(self)
@@ -243,9 +258,18 @@ class StoreCore:
             self._disk_server.close()
             self._disk_server = None
         if self._disk is not None:
-            self._disk.close()  # queued writes dropped, done ones reported; then the master forgets the tier
+            if unmount and self._master is not None:
+                try:  # the notices of files of objects removed lately: deleted before the tier stops
+                    self._master.ping_for_drops()
+                except grpc.RpcError:
+                    pass
+            with self._disk_sync_lock:
+                disk, self._disk = self._disk, None  # no new sync thread from now on
+                sync = self._disk_sync_thread
+            if sync is not None:
+                sync.join()  # it stops after its current RPC: no MountLocalDisk after our UnmountLocalDisk
+            disk.close()  # queued writes dropped, done ones reported; then the master forgets the tier
             # (files stay). Only now may the engine unmap the segment the writer read from.
-            self._disk = None
             if unmount and self._master is not None:
                 self._rpc("UnmountLocalDisk")
         if self._disk_peers is not None:
@@ -302,31 +326,70 @@ class StoreCore:
             return code
 
     # -- SSD tier: what the master knows of it ---------------------------------------------------------------
-    def _mount_disk(self) -> int:
-        """MountLocalDisk, then every confirmed file of the tier again (after setup: the rebuilt index; after a
-        remount: what the master lost). Obsolete files (the object changed meanwhile) are deleted, and so are
-        the files no master confirmed before this mount (their tasks belong to a master, or a mount, gone)."""
+    def _declare_disk(self) -> int:
+        """MountLocalDisk. The files no master confirmed before this mount are deleted first (their tasks
+        belong to a master, or a mount, gone)."""
         disk, server = self._disk, self._disk_server
         if disk is None or server is None:
             return OK
         disk.discard(disk.pending())  # taken before the mount: a task of the new mount is not among them
         reply = self._rpc("MountLocalDisk", endpoint=server.endpoint)
-        code = reply if isinstance(reply, int) else reply.code
-        if code != OK:
-            return code
+        return reply if isinstance(reply, int) else reply.code
+
+    def _reload_disk(self, disk) -> int:
+        """Every confirmed file of the tier again (after setup: the rebuilt index; after a remount: what the
+        master lost). Obsolete files (the object changed meanwhile) are deleted."""
         objects = disk.entries()
         stale = []
         for i in range(0, len(objects), _REPORT_CHUNK):
+            if self._disk is not disk:
+                return NOT_READY  # closing
             chunk = objects[i:i + _REPORT_CHUNK]
             reply = self._rpc("NotifyOffloadSuccess", reload=True,
                               objects=[pb.DiskObject(key=k, size=n, seq=seq) for k, n, seq in chunk])
             if isinstance(reply, int):
                 return reply
+            if _CLIENT_NOT_FOUND in reply.codes:
+                return _CLIENT_NOT_FOUND  # the master forgot the tier meanwhile: declare it again
             stale += [(k, seq) for (k, _, seq), c in zip(chunk, reply.codes) if c == _NOT_FOUND]
         disk.discard(stale)
         if objects:
             _log.info("SSD tier: %d object(s) reported to the master (%d obsolete)", len(objects), len(stale))
         return OK
+
+    def _disk_lost_now(self) -> None:
+        """The master may have lost the tier (remount, CLIENT_NOT_FOUND): the next ping declares it again."""
+        with self._disk_sync_lock:
+            self._disk_lost += 1
+
+    def _on_ping(self, reply) -> None:
+        if reply.client_status == pb.CLIENT_STATUS_OK and not reply.disk_mounted:
+            self._disk_lost_now()  # e.g. a MountLocalDisk that failed, or the tier unmounted behind our back
+        self._disk_tick()
+
+    def _disk_tick(self, declare: bool = True) -> None:
+        """Each ping (heartbeat thread; must not block): unless the master knows the tier as it is, starts a
+        thread that declares it (unless `declare` is False: setup did) and reports its files again."""
+        with self._disk_sync_lock:
+            disk = self._disk
+            if disk is None or self._disk_synced == self._disk_lost or \
+                    (self._disk_sync_thread is not None and self._disk_sync_thread.is_alive()):
+                return
+            t = threading.Thread(target=self._sync_disk, args=(disk, self._disk_lost, declare),
+                                 name="store-ssd-sync", daemon=True)
+            self._disk_sync_thread = t
+            t.start()
+
+    def _sync_disk(self, disk, epoch: int, declare: bool) -> None:
+        code = self._declare_disk() if declare else OK
+        if code == OK:
+            code = self._reload_disk(disk)
+        with self._disk_sync_lock:
+            if code == OK and self._disk_lost == epoch:
+                self._disk_synced = epoch
+        if code != OK and self._disk is disk:
+            _log.warning("SSD tier: declaring it to the master failed (%s); retried with the next ping",
+                         code_name(code))
 
     def _report_stored(self, objects: list) -> tuple[list, list, bool]:
         """(obsolete files, files the master recorded, delivered). A tier the master does not know
@@ -335,14 +398,26 @@ class StoreCore:
                                                            for k, n, seq, v in objects])
         if isinstance(reply, int):
             return [], [], reply == NOT_READY  # closed: nothing to retry; RPC failure: offer them again
+        if _CLIENT_NOT_FOUND in reply.codes:
+            self._disk_lost_now()
         codes = list(zip(objects, reply.codes))
         return ([(k, seq) for (k, _, seq, _), c in codes if c in (_NOT_FOUND, _CLIENT_NOT_FOUND)],
                 [(k, seq) for (k, _, seq, _), c in codes if c == OK], True)
 
-    def _on_disk_drops(self, objects: list) -> None:
+    def _disk_drops_soon(self) -> None:
+        """After a removal: this client's own files of removed objects go with the master's drop notices
+        (each names the version of the file the master recorded, so a file re-put and persisted meanwhile
+        stays), fetched by a ping now rather than at the next heartbeat."""
+        master = self._master
+        if self._disk is not None and master is not None:
+            master.ping_soon()
+
+    def _on_disk_drops(self, objects: list) -> bool:
         disk = self._disk
-        if disk is not None:
-            disk.discard([(o.key, o.seq) for o in objects])
+        if disk is None:
+            return False  # not handled: not acknowledged
+        disk.discard([(o.key, o.seq) for o in objects])
+        return True
 
     def _on_offload(self, tasks: list) -> None:
         """Offload tasks from a ping: the tier writes each object from this client's segment memory (no copy
@@ -739,7 +814,8 @@ class StoreCore:
         # A failed read through a cached (or just superseded) descriptor: look up afresh, once. So is a read
         # whose lease ran out before its transfer ended (e.g. one that had to open the first connection to the
         # holder): the retry holds a fresh lease. A disk replica that its owner no longer has reads as
-        # OBJECT_NOT_FOUND and is retried too.
+        # OBJECT_NOT_FOUND and is retried too; one whose owner could not be asked (RPC_FAIL / RPC_TIMEOUT) is
+        # not (the lookup would name the same owner).
         stale = [i for i, r in enumerate(results)
                  if r in (ErrorCode.TRANSFER_FAIL, ErrorCode.LEASE_EXPIRED)
                  or (r == _NOT_FOUND and not isinstance(entries[i], int))]

@@ -10,9 +10,11 @@ reader pulls the bytes with one Transfer Engine read and calls ``ReleaseDiskObje
 Bounds: at most MAX_HOLDS holds and MC_STORE_DISK_SERVE_MAX_BYTES (default 1 GiB) held at once (beyond:
 OBJECT_REPLICA_BUSY, the reader retries for a moment); a hold the reader never releases (it died) is
 reclaimed MC_STORE_DISK_HOLD_MS (30 s) after the answer (checked on every read and by a timer); a reader
-treats a release not answered OK as a failed transfer (the bytes may have been reused meanwhile). Calls to an owner time out after MC_STORE_DISK_RPC_TIMEOUT_MS
-(5 s); an owner that is gone (connection refused, or no answer in time) reads as OBJECT_NOT_FOUND: its
-replicas are lost with it (the master drops them when the owner's liveness expires).
+treats a release not answered OK as a failed transfer (the bytes may have been reused meanwhile). Calls to an
+owner time out after MC_STORE_DISK_RPC_TIMEOUT_MS (5 s). An owner that cannot be reached (connection refused:
+RPC_FAIL; no answer in time: RPC_TIMEOUT) is taken for dead for DEAD_SEC: reads of its replicas fail at once
+with RPC_FAIL meanwhile, so a batch of its keys costs one timeout, not one each (the master drops its
+replicas when its liveness expires). OBJECT_NOT_FOUND means the owner answered that it has no such file.
 
 Threading: the server runs one thread per connection (fast_rpc); all state is under one lock.
 ``DiskPeers`` is shared by the store's threads (FastRpcClient keeps one connection per thread).
@@ -37,6 +39,7 @@ from mooncake.store.proto import mooncake_master_pb2 as pb
 _log = logging.getLogger("mooncake.store.client.disk")
 MAX_HOLDS = 64
 _BUSY_RETRY_SEC = 2.0
+DEAD_SEC = 3.0  # an owner that did not answer is not asked again for this long
 
 
 def _env_ms(name: str, default: int) -> float:
@@ -188,6 +191,7 @@ class DiskPeers:
     def __init__(self) -> None:
         self.timeout = _env_ms("MC_STORE_DISK_RPC_TIMEOUT_MS", 5000)
         self._clients: dict[str, FastRpcClient] = {}
+        self._dead: dict[str, float] = {}  # endpoint -> monotonic time until which it is taken for dead
         self._lock = threading.Lock()
 
     def _client(self, endpoint: str) -> FastRpcClient:
@@ -200,15 +204,32 @@ class DiskPeers:
                                                             connect_timeout=self.timeout)
             return c
 
-    def _forget(self, endpoint: str, c: FastRpcClient) -> None:
+    def _forget(self, endpoint: str, c: FastRpcClient, dead: bool = False) -> None:
         with self._lock:
             if self._clients.get(endpoint) is c:
                 del self._clients[endpoint]
+            if dead:
+                self._dead[endpoint] = time.monotonic() + DEAD_SEC
         c.close()
+
+    def _is_dead(self, endpoint: str) -> bool:
+        with self._lock:
+            until = self._dead.get(endpoint)
+            if until is None:
+                return False
+            if time.monotonic() < until:
+                return True
+            del self._dead[endpoint]
+            return False
 
     def read(self, endpoint: str, key: str, seq: int, pull) -> tuple[int, bool]:
         """Asks the owner at `endpoint` for `key` and calls ``pull(segment, address, size)`` (-> True when the
-        bytes arrived) while it holds them. Returns (size or a negative code, promote)."""
+        bytes arrived) while it holds them. Returns (size or a negative code, promote): OBJECT_NOT_FOUND when the
+        owner has no such file, RPC_FAIL / RPC_TIMEOUT when it could not be asked (RPC_FAIL at once while it is
+        taken for dead)."""
+        if self._is_dead(endpoint):
+            _log.debug("get %r: the owner of its disk replica (%s) did not answer lately", key, endpoint)
+            return int(ErrorCode.RPC_FAIL), False
         try:
             c = self._client(endpoint)
         except ValueError:
@@ -221,10 +242,13 @@ class DiskPeers:
                     break
                 time.sleep(0.01)
         except FastRpcError as e:
-            self._forget(endpoint, c)
-            what = "unreachable" if e.code() == grpc.StatusCode.UNAVAILABLE else "failed"
-            _log.warning("get %r: the owner of its disk replica (%s) is %s: %s", key, endpoint, what, e.details())
-            return int(ErrorCode.OBJECT_NOT_FOUND), False
+            timeout = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            dead = timeout or e.code() == grpc.StatusCode.UNAVAILABLE
+            self._forget(endpoint, c, dead)
+            what = "unreachable" if dead else "failed"
+            _log.warning("get %r: the owner of its disk replica (%s) is %s: %s%s", key, endpoint, what, e.details(),
+                         f" (not asked again for {DEAD_SEC:.0f} s)" if dead else "")
+            return int(ErrorCode.RPC_TIMEOUT if timeout else ErrorCode.RPC_FAIL), False
         if reply.code != 0:
             if reply.code == ErrorCode.OBJECT_REPLICA_BUSY:
                 _log.warning("get %r: the owner of its disk replica (%s) is busy", key, endpoint)

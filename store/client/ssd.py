@@ -41,7 +41,6 @@ import hashlib
 import logging
 import os
 import queue
-import re
 import shutil
 import struct
 import threading
@@ -91,6 +90,7 @@ class DiskTier:
         self._unreported: list[tuple[str, int, int]] = []
         self._pending: dict[str, int] = {}  # key -> seq of its file not confirmed by the master yet
         self._closing = False
+        self._discards: collections.deque[tuple[str, int]] = collections.deque()
         self._rebuild()
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._thread = threading.Thread(target=self._writer, name="store-ssd", daemon=True)
@@ -143,9 +143,15 @@ class DiskTier:
         return max(0, QUEUE_LIMIT - self._queue.qsize() - 1)  # one slot kept for a discard or a flush
 
     def discard(self, objects: list[tuple[str, int]]) -> None:
-        """Queues the deletion of files (key, seq; seq 0: whatever version) the master found obsolete."""
+        """Queues the deletion of files (key, seq; seq 0: whatever version) the master found obsolete. Never
+        blocks (the heartbeat calls it): deletions wait in their own list, which the writer empties before
+        each batch (a deletion names its file's seq, so its order against writes does not matter)."""
         if objects:
-            self._queue.put(("discard", objects, None))
+            self._discards.extend(objects)  # a deque: thread-safe without the index lock
+            try:
+                self._queue.put_nowait(("wake", None, None))
+            except queue.Full:
+                pass  # the writer is busy: it takes the deletions with its next batch
 
     def flush(self, timeout: float = 30.0) -> None:
         """Waits until every queued write is on disk and reported."""
@@ -164,6 +170,11 @@ class DiskTier:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            discards = []
+            while self._discards:
+                discards.append(self._discards.popleft())
+            if discards:
+                self._delete(discards)
             stored, evicted, stop = [], [], False
             for op, a, b in items:
                 if op == "write":
@@ -174,8 +185,8 @@ class DiskTier:
                         self._write(a, b[0], b[1], stored, evicted)
                     except OSError as e:
                         _log.warning("SSD tier: writing %r failed: %s", a, e)
-                elif op == "discard":
-                    self._delete(a)
+                elif op == "wake":
+                    pass
                 elif op == "flush":
                     self._report(stored, evicted)
                     stored, evicted = [], []
@@ -255,7 +266,7 @@ class DiskTier:
                 except OSError as e:
                     _log.warning("SSD tier: confirming %r failed: %s", key, e)
 
-    # -- reads / removal ---------------------------------------------------------------------------------------
+    # -- reads ---------------------------------------------------------------------------------------------------
     def size(self, key: str) -> int | None:
         with self._lock:
             entry = self._index.get(key)
@@ -312,26 +323,6 @@ class DiskTier:
         with f:
             data = f.read(size)
         return (data, promote) if len(data) == size else None
-
-    def remove(self, keys) -> int:
-        n = 0
-        with self._lock:
-            for k in keys:
-                entry = self._index.pop(k, None)
-                self._hits.pop(k, None)
-                self._pending.pop(k, None)
-                if entry is None:
-                    continue
-                self.used -= entry[0]
-                self._unlink(k)
-                n += 1
-        return n
-
-    def remove_matching(self, pattern: str | None) -> int:
-        """Removes keys matching `pattern` (re.search), or every key for None."""
-        with self._lock:
-            keys = [k for k in self._index if pattern is None or re.search(pattern, k)]
-        return self.remove(keys)
 
     def _unlink(self, key: str) -> None:
         try:

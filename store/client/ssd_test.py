@@ -6,15 +6,19 @@ replicas read as "not found" without hanging. (The standalone pool's tier: servi
 
 import hashlib
 import os
+import signal
+import threading
 import time
 
 import pytest
 
 from mooncake.store import MooncakeDistributedStore
+from mooncake.store.client.disk_serve import DEAD_SEC
 from mooncake.store.client.ssd import DiskTier, Reporter
 from mooncake.store.client.store_worker import pattern
 from mooncake.store.client.testing import StoreWorker
 from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.master.master_client import MasterClient
 from mooncake.store.master.testing import MasterProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -75,7 +79,7 @@ def test_evicted_objects_read_from_disk_and_promoted(master, tmp_path):
         assert s.get_batch(["e1", "e9", "none"]) == [pattern(512 * KiB, 1), pattern(512 * KiB, 9), b""]
         time.sleep(0.15)                                # the reads' 100 ms leases
         assert s.remove("e2") == 0 and s.get("e2") == b"" and s.remove("e2") == E.OBJECT_NOT_FOUND
-        assert not _file(tmp_path, "e2").exists()
+        assert _wait(lambda: not _file(tmp_path, "e2").exists(), 0.9)  # the master's notice, at once
         assert s.remove_by_regex("^e3") == 1 and s.get("e3") == b""
         assert _wait(lambda: not _file(tmp_path, "e3").exists())  # told to delete it with a ping
     finally:
@@ -237,7 +241,7 @@ def test_other_clients_read_disk_replicas(cluster, tmp_path):
     assert _wait(lambda: os.listdir(ssd) == [])
 
 
-def test_dead_owner_reads_as_not_found(cluster, tmp_path):
+def test_dead_owner_fails_fast(cluster, tmp_path):
     m = cluster(MasterProcess, *FAST)
     # A's staging buffer is too small to hold an object: it registers a buffer for each read it serves.
     a = cluster(StoreWorker, m.address, "8MB", "256KB", ssd=str(tmp_path / "a"), env=OWNER)
@@ -246,12 +250,74 @@ def test_dead_owner_reads_as_not_found(cluster, tmp_path):
     assert b.call("get", "e0") == pattern(SIZE, 0)
     a.kill()                                                       # no close: the master learns by liveness
     t0 = time.monotonic()
-    assert b.call("get", "e1") == b""                              # owner unreachable: not found, at once
+    assert b.call("get", "e1") == b""                              # owner unreachable: fails at once
     got = b.request({"op": "get_into", "key": "e2", "size": SIZE})
-    assert got["n"] == E.OBJECT_NOT_FOUND
+    assert got["n"] == E.RPC_FAIL                                  # not OBJECT_NOT_FOUND: the master lists it
     assert time.monotonic() - t0 < 5
     assert _wait(lambda: b.call("is_exist", "e3") == 0)            # expired: its disk replicas are gone
     assert _descs(b, "e3") == [] and b.call("get_size", "e3") == E.OBJECT_NOT_FOUND
+
+
+def test_unresponsive_owner_costs_one_timeout(cluster, tmp_path):
+    """An owner that stops answering (SIGSTOP) costs its readers one MC_STORE_DISK_RPC_TIMEOUT_MS: it is then
+    taken for dead for a few seconds (a batch of its keys fails at once, without the lookup retry), and asked
+    again afterwards."""
+    m = cluster(MasterProcess, "--client_ttl=30", "--monitor_interval_ms=50", "--default_kv_lease_ttl=200",
+                "--eviction_high_watermark_ratio=0.9")
+    a = cluster(StoreWorker, m.address, "8MB", "8MB", ssd=str(tmp_path / "a"), env=OWNER)
+    b = cluster(StoreWorker, m.address, "0", "8MB", env={"MC_STORE_DISK_RPC_TIMEOUT_MS": "1000"})
+    _fill_and_evict(a)
+    assert b.call("get", "e0") == pattern(SIZE, 0)
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert b.request({"op": "get_into", "key": "e1", "size": SIZE})["n"] == E.RPC_TIMEOUT
+        t1 = time.monotonic()
+        assert b.call("get_batch", ["e2", "e3", "e4", "e5"]) == [b""]  # wholly failed (Mooncake's quirk)
+        assert b.request({"op": "get_into", "key": "e6", "size": SIZE})["n"] == E.RPC_FAIL
+        t2 = time.monotonic()
+        assert t1 - t0 < 2.5 and t2 - t1 < 1.0, (t1 - t0, t2 - t1)  # one timeout, not one per key
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    time.sleep(DEAD_SEC)
+    assert b.call("get", "e7") == pattern(SIZE, 7)                # alive again: asked again
+
+
+def test_tier_declared_again_when_the_master_lost_it(cluster, tmp_path):
+    """The master forgets A's tier behind its back (UnmountLocalDisk under A's id): A's next ping sees it
+    (PingReply.disk_mounted), declares the tier again and reports its files: they are readable again."""
+    m = cluster(MasterProcess, *FAST)
+    a = cluster(StoreWorker, m.address, "8MB", "8MB", ssd=str(tmp_path / "a"), env=OWNER)
+    b = cluster(StoreWorker, m.address, "0", "8MB")
+    _fill_and_evict(a)
+    a_id = a.request({"op": "client_id"})["client_id"]
+    with MasterClient(m.address, client_id=a_id) as spoof:
+        assert spoof.call("UnmountLocalDisk").count >= N
+    assert _wait(lambda: [d["local_disk"] for d in _descs(b, "e0")] == [True])
+    assert b.call("get", "e1") == pattern(SIZE, 1)
+
+
+def test_discard_never_blocks(tmp_path, monkeypatch):
+    """discard runs on the heartbeat thread: with the write queue full it returns at once, and the file
+    still goes once the writer moves on."""
+    d = DiskTier(str(tmp_path), capacity=10 * MiB)
+    try:
+        assert d.submit("k", b"v" * 100)
+        d.flush()
+        seq = d.lookup("k")[1]
+        gate = threading.Event()
+        write = d._write
+        monkeypatch.setattr(d, "_write", lambda *a: gate.wait(30) and write(*a))
+        while d.submit("other", b"x"):
+            pass
+        t0 = time.monotonic()
+        d.discard([("k", seq)])
+        assert time.monotonic() - t0 < 0.5
+        gate.set()
+        assert _wait(lambda: d.lookup("k") is None) and not _file(tmp_path, "k").exists()
+    finally:
+        gate.set()
+        d.close()
 
 
 def test_files_evicted_in_their_batch_are_not_reported(tmp_path):

@@ -281,9 +281,8 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
         self._cache_drop(keys)
         reply = self._rpc("BatchRemove", keys=keys, force=bool(force))
         codes = [reply] * len(keys) if isinstance(reply, int) else list(reply.codes)
-        disk = self._disk
-        if disk is not None:  # our own files of removed objects go now (other owners' with their next ping)
-            disk.remove(k for k, c in zip(keys, codes) if c in (OK, ErrorCode.OBJECT_NOT_FOUND))
+        if OK in codes:
+            self._disk_drops_soon()
         return codes
 
     def remove_by_regex(self, regex_pattern, force: bool = False) -> int:
@@ -294,9 +293,7 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             return _INVALID
         self.cache_clear()
         reply = self._rpc("RemoveByRegex", pattern=regex_pattern, force=bool(force))
-        disk = self._disk
-        if disk is not None and force and not isinstance(reply, int) and reply.code == OK:
-            disk.remove_matching(regex_pattern)  # without force leased ones stay: their files go with a ping
+        self._disk_drops_soon()
         return reply if isinstance(reply, int) else (reply.code or reply.count)
 
     def remove_all(self, force: bool = False) -> int:
@@ -304,9 +301,7 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             return NOT_READY
         self.cache_clear()
         reply = self._rpc("RemoveAll", force=bool(force))
-        disk = self._disk
-        if disk is not None and force and not isinstance(reply, int) and reply.code == OK:
-            disk.remove_matching(None)
+        self._disk_drops_soon()
         return reply if isinstance(reply, int) else (reply.code or reply.count)
 
     # -- zero copy ---------------------------------------------------------------------------------------------

@@ -7,10 +7,13 @@ transport failures raise ``grpc.RpcError`` (the store client maps them to RPC_FA
 
 Segments mounted through ``mount`` are remembered, so the heartbeat (``start_heartbeat``) can re-mount them
 when the master answers NEED_REMOUNT (it expired this client, or it restarted). Hooks for the SSD tier:
-``on_remount()`` runs after such a re-mount (re-declare state the master lost), ``on_disk_drops(objects)``
-receives the obsolete-file notices of a ping reply (``PingReply.drop_disk``), ``offload_capacity()`` says how
-many offload tasks the ping asks for and ``on_offload(tasks)`` receives them (``PingReply.offload``); all on
-the thread that pings (the heartbeat's, or a caller of ``ping_once``: pings are serialised).
+``on_remount()`` runs after such a re-mount attempt, whatever its outcome (the master lost the client's
+state), ``on_disk_drops(objects)`` receives the obsolete-file notices of a ping reply (``PingReply.drop_disk``;
+they are acknowledged in the next ping unless it returns False, and come again until then),
+``offload_capacity()`` says how many offload tasks the ping asks for and ``on_offload(tasks)`` receives them
+(``PingReply.offload``), ``on_ping(reply)`` runs after every answered ping; all on the thread that pings (the
+heartbeat's, or a caller of ``ping_once``: pings are serialised). Hooks must not block. ``ping_soon()`` makes
+the heartbeat ping now rather than at its next period.
 
 Fast path: ``use_fast_path()`` asks the master (GetServiceInfo) for its framed-protobuf port
 (fast_rpc.py) and then sends every call there (~3x lower latency than Python gRPC). A call whose connection
@@ -71,6 +74,9 @@ class MasterClient:
         self.on_disk_drops = None
         self.offload_capacity = None
         self.on_offload = None
+        self.on_ping = None
+        self._drop_ack = 0  # PingReply.drop_seq of the last drop notices handled
+        self._hb_wake = threading.Event()
         self._ping_lock = threading.Lock()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
@@ -137,12 +143,16 @@ class MasterClient:
 
     def _ping_locked(self) -> pb.PingReply:
         capacity = self.offload_capacity() if self.offload_capacity is not None else 0
-        reply = self.call("Ping", timeout=min(self.timeout, 5.0), offload_capacity=max(0, capacity))
+        reply = self.call("Ping", timeout=min(self.timeout, 5.0), offload_capacity=max(0, capacity),
+                          drop_ack=self._drop_ack)
         if self._fast_wanted and (self._fast is None or reply.view_version != self.view_version):
             self.use_fast_path()  # first ping after a master restart, or after the fast door failed
         self.view_version = reply.view_version
         if reply.drop_disk and self.on_disk_drops is not None:
-            self.on_disk_drops(list(reply.drop_disk))
+            if self.on_disk_drops(list(reply.drop_disk)) is not False:
+                self._drop_ack = reply.drop_seq
+        elif not reply.drop_disk:
+            self._drop_ack = 0
         if reply.offload and self.on_offload is not None:
             self.on_offload(list(reply.offload))
         if reply.client_status == pb.CLIENT_STATUS_NEED_REMOUNT:
@@ -151,9 +161,20 @@ class MasterClient:
             code = self.call("ReMountSegment", segments=segs).code
             self.remounts += 1
             _log.info("master asked client %s to remount: %d segment(s), code %d", self.client_id, len(segs), code)
-            if code == 0 and self.on_remount is not None:
+            if self.on_remount is not None:
                 self.on_remount()
+        if self.on_ping is not None:
+            self.on_ping(reply)
         return reply
+
+    def ping_for_drops(self, timeout: float = 2.0) -> None:
+        """One ping that asks for no offload task and runs only ``on_disk_drops`` (before an SSD tier stops:
+        the files of objects just removed go with it). Raises grpc.RpcError."""
+        with self._ping_lock:
+            reply = self.call("Ping", timeout=timeout, drop_ack=self._drop_ack)
+            if reply.drop_disk and self.on_disk_drops is not None:
+                if self.on_disk_drops(list(reply.drop_disk)) is not False:
+                    self._drop_ack = reply.drop_seq
 
     def start_heartbeat(self, interval: float = 1.0) -> None:
         if self._hb_thread is not None:
@@ -163,8 +184,16 @@ class MasterClient:
                                            daemon=True)
         self._hb_thread.start()
 
+    def ping_soon(self) -> None:
+        """Wakes the heartbeat: it pings now (e.g. to fetch drop notices a removal just caused)."""
+        self._hb_wake.set()
+
     def _heartbeat(self, interval: float) -> None:
-        while not self._hb_stop.wait(interval):
+        while True:
+            self._hb_wake.wait(interval)
+            self._hb_wake.clear()
+            if self._hb_stop.is_set():
+                return
             try:
                 self.ping_once()
             except grpc.RpcError as e:  # the master is down or restarting: keep trying
@@ -175,6 +204,7 @@ class MasterClient:
     def close(self) -> None:
         """Stops the heartbeat and closes the channel (segments stay mounted; unmount them first if needed)."""
         self._hb_stop.set()
+        self._hb_wake.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
             self._hb_thread = None

@@ -68,15 +68,17 @@ class PutKind(enum.IntEnum):
 
 class DiskClient:
     """A client with an SSD tier (MountLocalDisk): where its DiskReplicaService listens, the files the
-    master found obsolete since its last ping (``drops``: (key, seq), bounded) and its offload tasks not
-    handed out yet (``queue``, oldest first; ``stale`` of them were cancelled meanwhile and are skipped)."""
+    master found obsolete and the client did not acknowledge yet (``drops``: (number, key, seq), bounded;
+    ``drops_handed``: the highest number answered in a ping) and its offload tasks not handed out yet
+    (``queue``, oldest first; ``stale`` of them were cancelled meanwhile and are skipped)."""
 
-    __slots__ = ("client_id", "endpoint", "drops", "queue", "stale", "dropped")
+    __slots__ = ("client_id", "endpoint", "drops", "drops_handed", "queue", "stale", "dropped")
 
     def __init__(self, client_id: str, endpoint: str) -> None:
         self.client_id = client_id
         self.endpoint = endpoint
-        self.drops: list[tuple[str, int]] = []
+        self.drops: collections.deque[tuple[int, str, int]] = collections.deque()
+        self.drops_handed = 0
         self.queue: collections.deque[OffloadTask] = collections.deque()
         self.stale = 0
         self.dropped = 0  # tasks not queued because the queue was full

@@ -131,7 +131,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         status = pb.CLIENT_STATUS_OK if alive else pb.CLIENT_STATUS_NEED_REMOUNT
         reply = pb.PingReply(code=code, view_version=self.svc.view_version, client_status=status)
         if alive:
-            drops = self.svc.take_disk_drops(request.client_id)
+            reply.disk_mounted = request.client_id in self.svc.disk_clients
+            drops, reply.drop_seq = self.svc.take_disk_drops(request.client_id, request.drop_ack)
             if drops:
                 reply.drop_disk.extend(pb.DiskObject(key=k, seq=seq) for k, seq in drops)
             if request.offload_capacity:

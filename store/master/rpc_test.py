@@ -121,8 +121,10 @@ def test_disk_replica_rpcs(server, workers):
         (w1.client_id, "127.0.0.1:7777", 100, 5, COMPLETE)
     assert w2.call("PutStart", key="d", size=100, promote=True)["code"] == E.OBJECT_ALREADY_EXISTS
     assert w2.call("Remove", key="d", force=True)["code"] == 0
-    assert w1.call("Ping")["drop_disk"] == [{"key": "d", "size": 0, "seq": 5, "version": 0}]  # delete that file
-    assert w1.call("Ping")["drop_disk"] == []
+    ping = w1.call("Ping")
+    assert ping["drop_disk"] == [{"key": "d", "size": 0, "seq": 5, "version": 0}]  # delete that file
+    assert w1.call("Ping")["drop_disk"] == ping["drop_disk"]  # until acknowledged
+    assert w1.call("Ping", drop_ack=ping["drop_seq"])["drop_disk"] == []
     assert w1.call("NotifyOffloadSuccess", objects=[{"key": "r", "size": 9, "seq": 1}], reload=True)["codes"] == [0]
     assert w2.call("ExistKey", key="r") == {"code": 0, "exists": True}
     assert w1.call("EvictDiskReplica", objects=[{"key": "r", "seq": 2}, {"key": "r"}])["codes"] == \

@@ -27,7 +27,8 @@ it (``notify_offload`` with the task's version; its whole tier again after a res
 reports the files it deleted (``evict_disk_replicas``). Readers get the LOCAL_DISK replica with the memory
 ones; memory eviction keeps it, and spares fresh objects whose file is pending while it can (an object
 evicted before its owner persisted it is gone). Removing or overwriting an object drops its disk replica
-and queues the file for deletion by its owner (``take_disk_drops``, answered in the owner's next ping); an
+and queues the file for deletion by its owner (``take_disk_drops``, answered in the owner's pings until it
+acknowledges them; offload tasks are handed out once); an
 owner that unmounts or expires loses all its disk replicas and tasks. ``put_start(promote=True)`` gives a
 disk-only object a memory replica again (a hot object; the disk replica stays).
 
@@ -64,7 +65,7 @@ OK = ErrorCode.OK
 _PURGE_PERIOD_SEC = 1.0
 _EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
-_MAX_DISK_DROPS = 1 << 16  # obsolete-file notices kept per SSD client between two of its pings
+_MAX_DISK_DROPS = 1 << 16  # obsolete-file notices kept per SSD client until it acknowledges them
 _MIN_COMPACT = 1024  # cancelled tasks an offload queue may carry before it is compacted
 
 
@@ -103,6 +104,7 @@ class MasterService:
         # Offload task versions start at a random 62-bit value per master process: a report of a task a
         # previous master handed out (its copy may come from memory that master reused) never matches.
         self._offload_version = random.SystemRandom().getrandbits(62)
+        self._drop_number = random.SystemRandom().getrandbits(62)  # numbers drop notices (take_disk_drops)
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
         self.metrics.attach_state(self.snapshot)
@@ -727,22 +729,33 @@ class MasterService:
             self.metrics.count("evict_disk_replica", n=len(objects))
             return codes
 
-    def take_disk_drops(self, client_id: str) -> list[tuple[str, int]]:
-        """The (key, seq) files of the client found obsolete since the last call (answered in its ping)."""
+    def take_disk_drops(self, client_id: str, ack: int = 0) -> tuple[list[tuple[str, int]], int]:
+        """The (key, seq) files of the client found obsolete and not acknowledged yet, and the number of the
+        last one (answered in its ping; 0: none). `ack` is the number the client's previous ping reply carried
+        and the client handled: those drops go. Unacknowledged ones are answered again (a lost reply loses
+        nothing; a notice names its file's seq, so handling one twice is harmless). Drop numbers come from a
+        counter with a random start per master process: an ack meant for another master matches nothing."""
         if client_id not in self.disk_clients:  # unlocked peek: most clients have no SSD tier
-            return []
+            return [], 0
         with self._lock:
             dc = self.disk_clients.get(client_id)
             if dc is None or not dc.drops:
-                return []
-            out, dc.drops = dc.drops, []
-            return out
+                return [], 0
+            drops = dc.drops
+            if ack and drops[0][0] <= ack <= dc.drops_handed:
+                while drops and drops[0][0] <= ack:
+                    drops.popleft()
+            if not drops:
+                return [], 0
+            dc.drops_handed = drops[-1][0]
+            return [(k, seq) for _, k, seq in drops], dc.drops_handed
 
     def _drop_disk_locked(self, key: str) -> None:
         """Forgets the disk replica of `key` (if any) and queues its file for deletion by the owner."""
         d = self.table.disk.pop(key, None)
         if d is not None and len(d.owner.drops) < _MAX_DISK_DROPS:
-            d.owner.drops.append((key, d.seq))
+            self._drop_number += 1
+            d.owner.drops.append((self._drop_number, key, d.seq))
 
     def _forget_disk_only_locked(self, key: str, now: float) -> None:
         """`key` lost its last (disk) replica: its lease and pins go, and a promote in flight too (nothing left

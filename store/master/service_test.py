@@ -501,7 +501,7 @@ def test_disk_replica_outlives_memory_and_is_promoted(clock):
     assert len(svc.get_replica_list("k")[1]) == 2  # memory again, the disk replica stays
     assert _tasks(svc, "c1") == {}  # ... and no offload of what is on disk already
     assert svc.put_start("w", "k", 5000, promote=True)[0] == E.OBJECT_ALREADY_EXISTS
-    assert svc.take_disk_drops("c1") == [] and svc.snapshot()["disk_replicas"] == 1
+    assert svc.take_disk_drops("c1") == ([], 0) and svc.snapshot()["disk_replicas"] == 1
 
 
 def test_disk_replica_removal_reaches_the_owner(clock):
@@ -514,15 +514,42 @@ def test_disk_replica_removal_reaches_the_owner(clock):
     assert svc.remove("a") == E.OBJECT_HAS_LEASE
     assert svc.remove("a", force=True) == E.OK and svc.exist("a") == (E.OK, False)
     assert svc.remove_by_regex("^x") == (E.OK, 2)
-    assert svc.take_disk_drops("c1") == [("a", 1), ("x1", 4), ("x2", 5)]
-    assert svc.take_disk_drops("c1") == []
+    drops, n = svc.take_disk_drops("c1")
+    assert drops == [("a", 1), ("x1", 4), ("x2", 5)] and n > 0
+    assert svc.take_disk_drops("c1") == (drops, n)  # not acknowledged (that reply may be lost): again
+    assert svc.take_disk_drops("c1", n + 1) == (drops, n)  # an ack beyond what was handed out: ignored
+    assert svc.take_disk_drops("c1", n) == ([], 0)
     # An upsert by another client makes the file obsolete; the new version (in place: still in c1's
     # segment) is c1's to persist.
     assert svc.upsert_start("c2", "c", 4 * KiB)[0] == E.OK and svc.put_end("c2", "c") == E.OK
-    assert svc.take_disk_drops("c1") == [("c", 3)] and svc.describe_key("c")[1]["disk_replica"] is None
+    drops, n = svc.take_disk_drops("c1", n)
+    assert drops == [("c", 3)] and svc.describe_key("c")[1]["disk_replica"] is None
     assert list(_tasks(svc, "c1")) == ["c"] and svc.snapshot()["offload_pending"] == 1
     assert svc.remove_all() == (E.OK, 2)  # b (disk-only) and c
-    assert svc.take_disk_drops("c1") == [("b", 2)]
+    # Acknowledging the earlier reply leaves the notice that came after it.
+    assert svc.take_disk_drops("c1", n)[0] == [("b", 2)]
+
+
+def test_lost_ping_replies_lose_no_disk_drops(clock):
+    """Drop notices stay until acknowledged: one ping reply lost, the next carries them again; an ack of an
+    older reply trims only what it covered; an ack from before a master restart trims nothing."""
+    svc = make(clock, segments=(("c1", "s1", "h1"),))
+    assert svc.mount_local_disk("c1", "h:1") == E.OK
+    for i, k in enumerate(("a", "b")):
+        _offloaded(svc, k, seq=i + 1)
+    assert svc.remove("a") == E.OK
+    lost, n1 = svc.take_disk_drops("c1")  # this reply never arrives
+    assert lost == [("a", 1)]
+    assert svc.remove("b") == E.OK
+    drops, n2 = svc.take_disk_drops("c1")  # the next ping, no ack
+    assert drops == [("a", 1), ("b", 2)] and n2 > n1
+    assert svc.take_disk_drops("c1", n1) == ([("b", 2)], n2)
+    other = make(clock, segments=(("c1", "s1", "h1"),))  # a restarted master: its numbers start elsewhere
+    assert other.mount_local_disk("c1", "h:1") == E.OK
+    _offloaded(other, "c", seq=3)
+    assert other.remove("c") == E.OK
+    assert other.take_disk_drops("c1", n2)[0] == [("c", 3)]
+    assert svc.take_disk_drops("c1", n2) == ([], 0)
 
 
 def test_offload_tasks_go_to_the_segment_owner(clock):
