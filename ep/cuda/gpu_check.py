@@ -11,7 +11,9 @@ Run from the repository root: `python3 ep/cuda/gpu_check.py [--out DIR]` (no Baz
      against a device-to-device copy of the same bytes measured in the same run (the ratio is printed);
   5. end to end: 2 processes on this GPU run Buffer.dispatch/combine with CUDA tensors against the CPU
      reference, when the Transfer Engine extension (mooncake.engine) imports in this Python; otherwise the
-     step says why it was skipped.
+     step says why it was skipped. To have it, build the extension for the GPU machine's Python beforehand
+     (`ci/build_native.sh /path/to/python3.12`, which writes python/mooncake/_native.cpython-312-*.so) and
+     carry that file there.
 Prints one line per check and a JSON summary (also written to DIR/gpu_check.json); exit status 0 when every
 check that ran passed, 1 otherwise, 2 when there is no usable GPU (with the reason).
 """
@@ -197,7 +199,8 @@ def end_to_end() -> dict:
         import pytest  # noqa: F401
     except ImportError as e:
         return {"skipped": f"{e.name or e} does not import in this Python ({e}); the 2-process check needs the "
-                           f"Transfer Engine extension built for {sys.version.split()[0]}, mooncake.pg and pytest"}
+                           f"Transfer Engine extension built for {sys.version.split()[0]} (ci/build_native.sh), "
+                           f"mooncake.pg and pytest"}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_EP_TEST_DEVICE": "cuda"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "ep", "buffer_test.py"),
            "-k", "match_the_reference"]

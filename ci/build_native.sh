@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the Transfer Engine extension (mooncake._native) for another Python and puts it beside the package
+# sources (python/mooncake/_native<EXT_SUFFIX>, git-ignored), so that interpreter can import mooncake from this
+# tree: e.g. the GPU machine's Python for ep/cuda/gpu_check.py (carry the file there).
+#
+#   ci/build_native.sh /path/to/python3      # that Python needs nanobind (pip install nanobind==3.1.0)
+#
+# Uses its own Bazel output base (under /tmp) so the main build's cache stays valid.
+set -euo pipefail
+python="${1:?usage: ci/build_native.sh /path/to/python3}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+suffix="$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+"$python" -c 'import nanobind' 2>/dev/null || { echo "error: $python has no nanobind (pip install nanobind==3.1.0)" >&2; exit 1; }
+tag="$("$python" -c 'import sys; print("py%d%d" % sys.version_info[:2])')"
+cd "$root"
+bazel --output_base="/tmp/mooncake-bazel-$tag" build --repo_env=PYTHON_BIN_PATH="$python" //python:mooncake/_native.so
+install -m 0755 "$(bazel --output_base="/tmp/mooncake-bazel-$tag" info --repo_env=PYTHON_BIN_PATH="$python" bazel-bin)/python/mooncake/_native.so" \
+  "python/mooncake/_native$suffix"
+echo "built python/mooncake/_native$suffix"
