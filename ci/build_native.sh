@@ -13,7 +13,9 @@ suffix="$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SU
 "$python" -c 'import nanobind' 2>/dev/null || { echo "error: $python has no nanobind (pip install nanobind==3.1.0)" >&2; exit 1; }
 tag="$("$python" -c 'import sys; print("py%d%d" % sys.version_info[:2])')"
 cd "$root"
-bazel --output_base="/tmp/mooncake-bazel-$tag" build --repo_env=PYTHON_BIN_PATH="$python" //python:mooncake/_native.so
+bazel --output_base="/tmp/mooncake-bazel-$tag" build --symlink_prefix=/ --repo_env=PYTHON_BIN_PATH="$python" \
+  //python:mooncake/_native.so  # no bazel-* links: they belong to the main build
 install -m 0755 "$(bazel --output_base="/tmp/mooncake-bazel-$tag" info --repo_env=PYTHON_BIN_PATH="$python" bazel-bin)/python/mooncake/_native.so" \
   "python/mooncake/_native$suffix"
+bazel --output_base="/tmp/mooncake-bazel-$tag" shutdown  # its server is not needed any more
 echo "built python/mooncake/_native$suffix"
