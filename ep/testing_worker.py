@@ -186,7 +186,10 @@ def rejoin(rank: int, world: int, port: int, scenario: str) -> int:
     t = torch.ones(4)
     dist.all_reduce(t)
     assert t[0].item() == world
-    # Rank 0 hosts the store: it leaves only after the others are done with it.
+    # A rank whose all_reduce returned may still be needed by peers finishing theirs (they read its memory):
+    # nobody leaves before everyone is done. Rank 0 hosts the store: it leaves last.
+    store.set(f"ep_test/done/{rank}", "1")
+    store.wait([f"ep_test/done/{r}" for r in range(world)], datetime.timedelta(seconds=60))
     if rank != 0:
         store.set(f"ep_test/exit/{rank}", "1")
     else:
