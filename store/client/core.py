@@ -30,7 +30,7 @@ with the task's version; the master records it as a LOCAL_DISK replica of this c
 changed meanwhile. This client serves its files to readers (disk_serve.py) and re-reports them after a
 restart or a remount. A read whose object only has a disk replica asks its owner (this client: a file read)
 and pulls the bytes from the owner's staging memory; the owner says when the object became hot and the
-reader then gives it a memory replica again (PutStart ``promote``).
+reader then gives it a memory replica again (PutStart ``promote``). That side of the client is in disk_link.py.
 
 Threading: every public method may be called from several threads once ``setup`` returned.
 """
@@ -49,7 +49,8 @@ import uuid
 import grpc
 
 from mooncake.store.client.config import ReplicateConfig, SetupConfig
-from mooncake.store.client.memory import RegisteredRanges, StagingPool
+from mooncake.store.client.disk_link import DiskLinkMixin, DiskReporter
+from mooncake.store.client.memory import BYTES_DATA, RegisteredRanges, StagingPool, clip, gather, scatter
 from mooncake.store.master.errors import ErrorCode, code_name
 from mooncake.store.master.master_client import MasterClient, segment as make_segment
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -64,21 +65,18 @@ CACHE_MAX_ENTRIES = 1 << 16
 MAX_KEY_BYTES = 4096
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
-_CLIENT_NOT_FOUND = int(ErrorCode.CLIENT_NOT_FOUND)
 _LOCAL_DISK = pb.REPLICA_TYPE_LOCAL_DISK
-_REPORT_CHUNK = 4096  # disk objects per NotifyOffloadSuccess
 _SETUP_RELOAD_WAIT = 10.0  # seconds setup waits for the tier's files to be reported again
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-_BYTES_DATA = bytes.__basicsize__ - 1  # offset of ob_sval in a CPython bytes object
 
 
 def new_bytes(size: int) -> tuple[bytes, int]:
     """An uninitialised bytes object of `size` bytes and the address of its data (fill it before use)."""
     b = _new_bytes(None, size)
-    return b, id(b) + _BYTES_DATA
+    return b, id(b) + BYTES_DATA
 
 
 def key_error(key) -> str | None:
@@ -103,7 +101,7 @@ class _Entry:
         self.disk = disk
 
 
-class StoreCore:
+class StoreCore(DiskLinkMixin):
     def __init__(self) -> None:
         self._cfg: SetupConfig | None = None
         self._engine = None
@@ -188,7 +186,7 @@ class StoreCore:
             from mooncake.store.client.ssd import DiskTier
             try:
                 self._disk = DiskTier(cfg.ssd_offload_path, parse_size(os.environ.get("MC_STORE_SSD_CAPACITY", 0)),
-                                      _DiskReporter(self))
+                                      DiskReporter(self))
             except (OSError, ValueError) as e:
                 _log.error("setup: SSD tier at %r unusable: %s", cfg.ssd_offload_path, e)
                 return int(ErrorCode.INVALID_PARAMS)
@@ -325,137 +323,6 @@ class StoreCore:
             _log.warning("%s: master RPC failed: %s (%s)", method, code_name(code), e.code())
             return code
 
-    # -- SSD tier: what the master knows of it ---------------------------------------------------------------
-    def _declare_disk(self) -> int:
-        """MountLocalDisk. The files no master confirmed before this mount are deleted first (their tasks
-        belong to a master, or a mount, gone)."""
-        disk, server = self._disk, self._disk_server
-        if disk is None or server is None:
-            return OK
-        disk.discard(disk.pending())  # taken before the mount: a task of the new mount is not among them
-        reply = self._rpc("MountLocalDisk", endpoint=server.endpoint)
-        return reply if isinstance(reply, int) else reply.code
-
-    def _reload_disk(self, disk) -> int:
-        """Every confirmed file of the tier again (after setup: the rebuilt index; after a remount: what the
-        master lost). Obsolete files (the object changed meanwhile) are deleted."""
-        objects = disk.entries()
-        stale = []
-        for i in range(0, len(objects), _REPORT_CHUNK):
-            if self._disk is not disk:
-                return NOT_READY  # closing
-            chunk = objects[i:i + _REPORT_CHUNK]
-            reply = self._rpc("NotifyOffloadSuccess", reload=True,
-                              objects=[pb.DiskObject(key=k, size=n, seq=seq) for k, n, seq in chunk])
-            if isinstance(reply, int):
-                return reply
-            if _CLIENT_NOT_FOUND in reply.codes:
-                return _CLIENT_NOT_FOUND  # the master forgot the tier meanwhile: declare it again
-            stale += [(k, seq) for (k, _, seq), c in zip(chunk, reply.codes) if c == _NOT_FOUND]
-        disk.discard(stale)
-        if objects:
-            _log.info("SSD tier: %d object(s) reported to the master (%d obsolete)", len(objects), len(stale))
-        return OK
-
-    def _disk_lost_now(self) -> None:
-        """The master may have lost the tier (remount, CLIENT_NOT_FOUND): the next ping declares it again."""
-        with self._disk_sync_lock:
-            self._disk_lost += 1
-
-    def _on_ping(self, reply) -> None:
-        if reply.client_status == pb.CLIENT_STATUS_OK and not reply.disk_mounted:
-            self._disk_lost_now()  # e.g. a MountLocalDisk that failed, or the tier unmounted behind our back
-        self._disk_tick()
-
-    def _disk_tick(self, declare: bool = True) -> None:
-        """Each ping (heartbeat thread; must not block): unless the master knows the tier as it is, starts a
-        thread that declares it (unless `declare` is False: setup did) and reports its files again."""
-        with self._disk_sync_lock:
-            disk = self._disk
-            if disk is None or self._disk_synced == self._disk_lost or \
-                    (self._disk_sync_thread is not None and self._disk_sync_thread.is_alive()):
-                return
-            t = threading.Thread(target=self._sync_disk, args=(disk, self._disk_lost, declare),
-                                 name="store-ssd-sync", daemon=True)
-            self._disk_sync_thread = t
-            t.start()
-
-    def _sync_disk(self, disk, epoch: int, declare: bool) -> None:
-        code = self._declare_disk() if declare else OK
-        if code == OK:
-            code = self._reload_disk(disk)
-        with self._disk_sync_lock:
-            if code == OK and self._disk_lost == epoch:
-                self._disk_synced = epoch
-        if code != OK and self._disk is disk:
-            _log.warning("SSD tier: declaring it to the master failed (%s); retried with the next ping",
-                         code_name(code))
-
-    def _report_stored(self, objects: list) -> tuple[list, list, bool]:
-        """(obsolete files, files the master recorded, delivered). A tier the master does not know
-        (CLIENT_NOT_FOUND: it restarted, or forgot this client) never handed out these tasks: obsolete."""
-        reply = self._rpc("NotifyOffloadSuccess", objects=[pb.DiskObject(key=k, size=n, seq=seq, version=v)
-                                                           for k, n, seq, v in objects])
-        if isinstance(reply, int):
-            return [], [], reply == NOT_READY  # closed: nothing to retry; RPC failure: offer them again
-        if _CLIENT_NOT_FOUND in reply.codes:
-            self._disk_lost_now()
-        codes = list(zip(objects, reply.codes))
-        return ([(k, seq) for (k, _, seq, _), c in codes if c in (_NOT_FOUND, _CLIENT_NOT_FOUND)],
-                [(k, seq) for (k, _, seq, _), c in codes if c == OK], True)
-
-    def _disk_drops_soon(self) -> None:
-        """After a removal: this client's own files of removed objects go with the master's drop notices
-        (each names the version of the file the master recorded, so a file re-put and persisted meanwhile
-        stays), fetched by a ping now rather than at the next heartbeat."""
-        master = self._master
-        if self._disk is not None and master is not None:
-            master.ping_soon()
-
-    def _on_disk_drops(self, objects: list) -> bool:
-        disk = self._disk
-        if disk is None:
-            return False  # not handled: not acknowledged
-        disk.discard([(o.key, o.seq) for o in objects])
-        return True
-
-    def _on_offload(self, tasks: list) -> None:
-        """Offload tasks from a ping: the tier writes each object from this client's segment memory (no copy
-        before the write; if the master reused the memory meanwhile, it refuses the report and the file goes).
-        The segment stays mapped until the tier is closed."""
-        disk = self._disk
-        base, size = self._global
-        if disk is None:
-            return
-        for t in tasks:
-            if not (base <= t.address and t.address + t.size <= base + size) or t.size == 0:
-                _log.warning("SSD tier: offload task for %r outside this client's segment; ignored", t.key)
-                continue
-            view = memoryview((ctypes.c_char * t.size).from_address(t.address)).cast("B")
-            disk.submit(t.key, view, t.version)
-
-    def _flush_disk(self, timeout: float = 30.0) -> bool:
-        """Waits until every object committed to this client's segment so far is persisted by its SSD tier
-        (or its offload task failed or was dropped): pings for tasks until the master has none queued, then
-        drains the tier. False on timeout or without an SSD tier."""
-        master, disk = self._master, self._disk
-        if master is None or disk is None:
-            return False
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                reply = master.ping_once()
-            except grpc.RpcError:
-                time.sleep(0.05)
-                continue
-            disk.flush(max(0.0, deadline - time.monotonic()))
-            if not reply.offload_backlog:
-                return True
-        return False
-
-    def _report_evicted(self, objects: list) -> None:
-        self._rpc("EvictDiskReplica", objects=[pb.DiskObject(key=k, seq=seq) for k, seq in objects])
-
     # -- descriptor cache --------------------------------------------------------------------------------------
     def cache_clear(self) -> None:
         with self._cache_lock:
@@ -557,11 +424,11 @@ class StoreCore:
             if addr is not None:
                 staging = self._staging
                 if not write_out:
-                    _gather(addr, regions)
+                    gather(addr, regions)
                     return [(addr, total)], lambda: staging.free(addr)
 
                 def release() -> None:
-                    _scatter(addr, regions)
+                    scatter(addr, regions)
                     staging.free(addr)
                 return [(addr, total)], release
         done = []
@@ -670,7 +537,7 @@ class StoreCore:
                         results[i] = int(ErrorCode.REPLICA_IS_NOT_READY)
                     continue
                 needs_te = any(r.segment_name != self._segment_name for r in reps)
-                pinned = self._pin(_clip(dests[i], e.size), registered, needs_te, write_out=True)
+                pinned = self._pin(clip(dests[i], e.size), registered, needs_te, write_out=True)
                 if pinned is None:
                     results[i] = int(ErrorCode.TRANSFER_FAIL)
                     continue
@@ -702,55 +569,8 @@ class StoreCore:
                 _log.warning("get %r: read lease expired before the transfer finished", keys[i])
                 results[i] = int(ErrorCode.LEASE_EXPIRED)
         for i in on_disk:  # no lease needed: the owner holds the bytes until we release them
-            results[i] = self._read_disk_replica(keys[i], entries[i], _clip(dests[i], entries[i].size), registered)
+            results[i] = self._read_disk_replica(keys[i], entries[i], clip(dests[i], entries[i].size), registered)
         return results
-
-    def _read_disk_replica(self, key: str, e: _Entry, regions: list, registered: bool) -> int:
-        """Reads an object that only has a LOCAL_DISK replica into `regions` (from this client's tier, or
-        from the owner's staging memory); bytes read or a negative code. Promotes a hot object."""
-        rep = e.disk[0]
-        master, disk = self._master, self._disk
-        if disk is not None and master is not None and rep.client_id == master.client_id:
-            got = disk.read(key, rep.disk_seq)
-            if got is None:
-                if disk.lookup(key) is None:  # gone from the tier: make sure the master forgets it
-                    self._report_evicted([(key, rep.disk_seq)])
-                return _NOT_FOUND
-            data, promote = got
-            _scatter(id(data) + _BYTES_DATA, regions)
-            size = len(data)
-        else:
-            peers = self._disk_peers
-            if peers is None:
-                return NOT_READY
-
-            def pull(segment: str, address: int, size: int) -> bool:
-                if size != e.size:
-                    return False
-                pinned = self._pin(regions, registered, True, write_out=True)
-                if pinned is None:
-                    return False
-                local, release = pinned
-                ops, off = [], 0
-                for a, n in local:
-                    ops.append((segment, a, address + off, n, 0))
-                    off += n
-                try:
-                    failed = self._transfer(ops, write=False)
-                finally:
-                    release()
-                return not failed
-            size, promote = peers.read(rep.transport_endpoint, key, rep.disk_seq, pull)
-            if size < 0:
-                return size
-        if promote:
-            code = self.put_many([key], [regions], registered, None, promote=True)[0]
-            self._cache_drop([key])  # the cached disk-only descriptor is outdated now
-            if code == OK:
-                _log.info("SSD tier: %r is hot again, promoted to memory", key)
-            else:
-                _log.debug("SSD tier: promoting %r: %s", key, code_name(code))
-        return size
 
     def fast_read(self, key: str, dests_for, registered: bool) -> int | None:
         """One key whose cached descriptors are live, read from one replica (own segment first), without the
@@ -766,7 +586,7 @@ class StoreCore:
         if sum(n for _, n in dests) < e.size:
             return None
         rep = next((r for r in e.replicas if r.segment_name == self._segment_name), None)
-        pinned = self._pin(_clip(dests, e.size), registered, rep is None, write_out=True)
+        pinned = self._pin(clip(dests, e.size), registered, rep is None, write_out=True)
         if pinned is None:
             return None
         rep = rep or e.replicas[0]
@@ -841,44 +661,8 @@ class StoreCore:
         return [r if results[i] == 0 else results[i] for i, r in enumerate(got)]
 
 
-class _DiskReporter:
-    """ssd.Reporter of a StoreCore: the tier's reports become master RPCs."""
-
-    def __init__(self, core: StoreCore) -> None:
-        self._core = core
-
-    def stored(self, objects):
-        return self._core._report_stored(objects)
-
-    def evicted(self, objects) -> None:
-        self._core._report_evicted(objects)
-
-
 def _noop() -> None:
     pass
-
-
-def _gather(dst: int, regions: list) -> None:
-    for a, n in regions:
-        ctypes.memmove(dst, a, n)
-        dst += n
-
-
-def _scatter(src: int, regions: list) -> None:
-    for a, n in regions:
-        ctypes.memmove(a, src, n)
-        src += n
-
-
-def _clip(regions: list, size: int) -> list:
-    """The prefix of `regions` covering exactly `size` bytes."""
-    out = []
-    for a, n in regions:
-        if size <= 0:
-            break
-        out.append((a, min(n, size)))
-        size -= n
-    return out
 
 
 def _rpc_code(e: grpc.RpcError) -> int:

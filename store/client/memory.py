@@ -15,6 +15,7 @@ memoryview, numpy array, ...) without copying; TypeError for anything else or a 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import threading
 
 import numpy as np
@@ -107,3 +108,31 @@ class RegisteredRanges:
         with self._lock:
             self._starts.clear()
             self._ends.clear()
+
+
+BYTES_DATA = bytes.__basicsize__ - 1  # offset of ob_sval (the data) in a CPython bytes object
+
+
+def gather(dst: int, regions: list) -> None:
+    """Copies the (address, length) regions back to back to dst."""
+    for a, n in regions:
+        ctypes.memmove(dst, a, n)
+        dst += n
+
+
+def scatter(src: int, regions: list) -> None:
+    """Copies back-to-back bytes at src into the (address, length) regions."""
+    for a, n in regions:
+        ctypes.memmove(a, src, n)
+        src += n
+
+
+def clip(regions: list, size: int) -> list:
+    """The prefix of `regions` covering exactly `size` bytes."""
+    out = []
+    for a, n in regions:
+        if size <= 0:
+            break
+        out.append((a, min(n, size)))
+        size -= n
+    return out

@@ -9,6 +9,7 @@ import pytest
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
 from mooncake.store.client.config import parse_size
+from mooncake.store.client.testing import local_store
 from mooncake.store.master.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
@@ -24,11 +25,8 @@ def master():
 
 @pytest.fixture
 def store(master):
-    s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "32MB", "8MB", "tcp", "", master.address) == 0
-    yield s
-    s.remove_all(force=True)
-    s.close()
+    with local_store(master.address) as s:
+        yield s
 
 
 def test_parse_size():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mooncake.store import MooncakeDistributedStore, _deserialize_tensor, _serialize_tensor, _tensor_metadata_size
-from mooncake.store.client.testing import StoreWorker
+from mooncake.store import _deserialize_tensor, _serialize_tensor, _tensor_metadata_size
+from mooncake.store.client.testing import StoreWorker, local_store
 from mooncake.store.master.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
@@ -24,11 +24,8 @@ def master():
 
 @pytest.fixture
 def store(master):
-    s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "32MB", "8MB", "tcp", "", master.address) == 0
-    yield s
-    s.remove_all(force=True)
-    s.close()
+    with local_store(master.address) as s:
+        yield s
 
 
 def test_header_layout():

@@ -1,14 +1,31 @@
 """``StoreWorker``: a store client process (store_worker.py) for multi-process tests and the benchmark.
-Waits are bounded (``timeout``); ``stop`` exits it cleanly, then terminates / kills it."""
+Waits are bounded (``timeout``); ``stop`` exits it cleanly, then terminates / kills it. ``local_store``: a
+store client in the test's own process.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 
 from mooncake.store.client.store_worker import decode, encode
 from mooncake.store.master.testing import child_env, read_line, stop_process
+
+
+@contextlib.contextmanager
+def local_store(master: str, segment: str = "32MB", buffer: str = "8MB"):
+    """A MooncakeDistributedStore of this process set up against `master`; emptied and closed afterwards."""
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, "tcp", "", master) == 0
+    try:
+        yield s
+    finally:
+        s.remove_all(force=True)
+        s.close()
 
 
 class StoreWorker:

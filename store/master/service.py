@@ -18,19 +18,19 @@ until the pool needs the space, whichever comes first (a late writer must not sc
 already belong to another object while that can be avoided). Puts of an expired client are revoked and
 freed at once.
 
-SSD tier (objects.py, "Disk replicas"): a client with an SSD tier mounts it (``mount_local_disk``, with the
-endpoint where it serves its files). Persistence is owner-driven, as in Mooncake: committing an object with
-a memory replica in that client's segment (whoever wrote it) queues an offload task for it (at most
---offloading_queue_limit queued per owner; beyond, the task is dropped and counted); the owner takes its
-tasks with its pings (``take_offload_tasks``), copies the bytes from its own memory into a file and reports
-it (``notify_offload`` with the task's version; its whole tier again after a restart or a remount), and
-reports the files it deleted (``evict_disk_replicas``). Readers get the LOCAL_DISK replica with the memory
-ones; memory eviction keeps it, and spares fresh objects whose file is pending while it can (an object
-evicted before its owner persisted it is gone). Removing or overwriting an object drops its disk replica
-and queues the file for deletion by its owner (``take_disk_drops``, answered in the owner's pings until it
-acknowledges them; offload tasks are handed out once); an
-owner that unmounts or expires loses all its disk replicas and tasks. ``put_start(promote=True)`` gives a
-disk-only object a memory replica again (a hot object; the disk replica stays).
+SSD tier (disk_tier.py; state in objects.py, "Disk replicas"): a client with an SSD tier mounts it
+(``mount_local_disk``, with the endpoint where it serves its files). Persistence is owner-driven, as in Mooncake:
+committing an object with a memory replica in that client's segment (whoever wrote it) queues an offload task for
+it (at most --offloading_queue_limit queued per owner; beyond, the task is dropped and counted); the owner takes
+its tasks with its pings (``take_offload_tasks``), copies the bytes from its own memory into a file and reports
+it (``notify_offload`` with the task's version; its whole tier again after a restart or a remount), and reports
+the files it deleted (``evict_disk_replicas``). Readers get the LOCAL_DISK replica with the memory ones; memory
+eviction keeps it, and spares fresh objects whose file is pending while it can (an object evicted before its
+owner persisted it is gone). Removing or overwriting an object drops its disk replica and queues the file for
+deletion by its owner (``take_disk_drops``, answered in the owner's pings until it acknowledges them; offload
+tasks are handed out once); an owner that unmounts or expires loses all its disk replicas and tasks.
+``put_start(promote=True)`` gives a disk-only object a memory replica again (a hot object; the disk replica
+stays).
 
 The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
 revokes stuck puts and copy/move operations, releases held buffers, fails overdue tasks, purges expired
@@ -53,8 +53,8 @@ from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.eviction import object_bytes, select_victims
 from mooncake.store.master.liveness import ClientRegistry
 from mooncake.store.master.metrics import MasterMetrics
-from mooncake.store.master.objects import (DiskClient, DiskReplica, Held, ObjectTable, OffloadTask, PendingPut,
-                                           PutConfig, PutKind, replicas_of)
+from mooncake.store.master.disk_tier import DiskTierMixin
+from mooncake.store.master.objects import DiskClient, Held, ObjectTable, PendingPut, PutConfig, PutKind, replicas_of
 from mooncake.store.master.replication import Replicator
 from mooncake.store.master.segments import Replica, Segment, SegmentRegistry
 from mooncake.store.master.tasks import TaskManager
@@ -65,8 +65,6 @@ OK = ErrorCode.OK
 _PURGE_PERIOD_SEC = 1.0
 _EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
-_MAX_DISK_DROPS = 1 << 16  # obsolete-file notices kept per SSD client until it acknowledges them
-_MIN_COMPACT = 1024  # cancelled tasks an offload queue may carry before it is compacted
 
 
 class SegmentSpec:
@@ -79,7 +77,7 @@ class SegmentSpec:
         self.te_endpoint, self.protocol = te_endpoint, protocol
 
 
-class MasterService:
+class MasterService(DiskTierMixin):
     def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  metrics: MasterMetrics | None = None, rng: random.Random | None = None) -> None:
         self.config = config = config or MasterConfig()
@@ -585,203 +583,6 @@ class MasterService:
         elif p is not None and p.kind == PutKind.PROMOTE:
             self._discard_locked(key, p, now, "removed")  # nothing left to promote
         return OK
-
-    # ======================================================================================================
-    # SSD tier: LOCAL_DISK replicas
-    # ======================================================================================================
-    def mount_local_disk(self, client_id: str, endpoint: str) -> ErrorCode:
-        """Declares the client's SSD tier, served at `endpoint` (host:port); again (e.g. after a remount) only
-        updates the endpoint. Registers the client as alive, like a mount."""
-        if not client_id or not endpoint:
-            return ErrorCode.INVALID_PARAMS
-        with self._lock:
-            self.clients.register(client_id, self._clock())
-            dc = self.disk_clients.get(client_id)
-            if dc is None:
-                self.disk_clients[client_id] = DiskClient(client_id, endpoint)
-            else:
-                dc.endpoint = endpoint
-            self.metrics.count("mount_local_disk")
-            return OK
-
-    def unmount_local_disk(self, client_id: str) -> tuple[ErrorCode, int]:
-        """Forgets the client's SSD tier and its disk replicas (objects left without a replica disappear);
-        returns how many disk replicas went. Idempotent."""
-        if not client_id:
-            return ErrorCode.INVALID_PARAMS, 0
-        with self._lock:
-            n = self._unmount_disk_locked(client_id)
-            self.metrics.count("unmount_local_disk")
-            return OK, n
-
-    def take_offload_tasks(self, client_id: str, capacity: int) -> tuple[list[tuple[str, int, int, int]], int]:
-        """Up to `capacity` offload tasks of the client, oldest first, as (key, size, address, version), and
-        how many stay queued (answered in its ping)."""
-        if capacity <= 0 or client_id not in self.disk_clients:  # unlocked peek: most clients have no SSD tier
-            return [], 0
-        with self._lock:
-            dc = self.disk_clients.get(client_id)
-            if dc is None:
-                return [], 0
-            offloading, out = self.table.offloading, []
-            while dc.queue and len(out) < capacity:
-                task = dc.queue.popleft()
-                if offloading.get(task.key) is not task:
-                    dc.stale -= 1  # cancelled meanwhile
-                    continue
-                task.handed = True
-                out.append((task.key, task.replica.size, task.replica.address, task.version))
-            return out, dc.backlog
-
-    def _queue_offload_locked(self, key: str, replicas, now: float) -> None:
-        """Queues the persistence of the just committed `key` for the owner of its first memory replica that
-        lies in the segment of a client with an SSD tier (if any)."""
-        for r in replicas:
-            dc = self.disk_clients.get(r.segment.client_id)
-            if dc is not None:
-                break
-        else:
-            return
-        if dc.backlog >= self.config.offloading_queue_limit:
-            dc.dropped += 1
-            self.metrics.offload_dropped.inc()
-            return
-        if dc.stale >= _MIN_COMPACT and dc.stale * 2 >= len(dc.queue):
-            offloading = self.table.offloading
-            dc.queue = type(dc.queue)(t for t in dc.queue if offloading.get(t.key) is t)
-            dc.stale = 0
-        self._offload_version += 1
-        task = OffloadTask(key, dc, r, self._offload_version, now)
-        self.table.offloading[key] = task
-        dc.queue.append(task)
-
-    def _cancel_offload_locked(self, key: str) -> None:
-        """Forgets the pending offload of `key` (if any): a report of it is refused from now on."""
-        task = self.table.offloading.pop(key, None)
-        if task is not None and not task.handed:
-            task.owner.stale += 1
-
-    def notify_offload(self, client_id: str, objects: list[tuple[str, int, int, int]], reload: bool = False
-                       ) -> list[ErrorCode]:
-        """Records disk replicas (key, size, seq, version) of the client; per object a code (see
-        NotifyOffloadRequest in the proto): a fresh file (reload False) is accepted only for the offload task
-        `version` of this client while that version of the object is still in memory where the task said; a
-        file found at start-up (reload True, version unused) for an absent object or one of the same size."""
-        with self._lock:
-            dc = self.disk_clients.get(client_id)
-            if dc is None:
-                codes = [ErrorCode.CLIENT_NOT_FOUND] * len(objects)
-            else:
-                codes = [self._notify_locked(dc, k, size, seq, version, reload) for k, size, seq, version in objects]
-            for c in codes:
-                self.metrics.count("notify_offload", c)
-            return codes
-
-    def _notify_locked(self, dc: DiskClient, key: str, size: int, seq: int, version: int, reload: bool
-                       ) -> ErrorCode:
-        code = self._check_key(key)
-        if code != OK:
-            return code
-        if size <= 0:
-            return ErrorCode.INVALID_PARAMS
-        t = self.table
-        value = t.objects.get(key)
-        d = t.disk.get(key)
-        if reload:
-            if d is not None and d.owner is dc and d.seq == seq and d.size == size:
-                pass  # recorded already (a re-report)
-            elif value is not None:
-                return ErrorCode.OBJECT_NOT_FOUND  # in memory, and maybe a newer version: the file may be stale
-            elif d is None and key in t.pending:
-                return ErrorCode.OBJECT_REPLICA_BUSY
-            elif d is not None and d.owner is not dc:
-                return ErrorCode.REPLICA_ALREADY_EXISTS
-        else:
-            task = t.offloading.get(key)
-            if task is None or task.owner is not dc or task.version != version or task.replica.size != size \
-                    or not task.handed:
-                return ErrorCode.OBJECT_NOT_FOUND  # removed, overwritten or evicted since: the copy is stale
-            if value is None or not any(r is task.replica for r in replicas_of(value)):
-                self._cancel_offload_locked(key)  # that replica went (moved, cleared): its bytes may be reused
-                return ErrorCode.OBJECT_NOT_FOUND
-            del t.offloading[key]
-            if d is not None and d.owner is not dc:
-                self._drop_disk_locked(key)
-        t.disk[key] = DiskReplica(dc, size, seq)
-        return OK
-
-    def evict_disk_replicas(self, client_id: str, objects: list[tuple[str, int]]) -> list[ErrorCode]:
-        """The client deleted these files (key, seq; seq 0: any version): their records go. Per object OK or
-        REPLICA_NOT_FOUND (no such record of this client)."""
-        with self._lock:
-            t, now = self.table, self._clock()
-            dc = self.disk_clients.get(client_id)
-            codes = []
-            for key, seq in objects:
-                d = t.disk.get(key)
-                if dc is None or d is None or d.owner is not dc or (seq and d.seq != seq):
-                    codes.append(ErrorCode.REPLICA_NOT_FOUND)
-                    continue
-                del t.disk[key]
-                if key not in t.objects:
-                    self._forget_disk_only_locked(key, now)
-                codes.append(OK)
-            self.metrics.count("evict_disk_replica", n=len(objects))
-            return codes
-
-    def take_disk_drops(self, client_id: str, ack: int = 0) -> tuple[list[tuple[str, int]], int]:
-        """The (key, seq) files of the client found obsolete and not acknowledged yet, and the number of the
-        last one (answered in its ping; 0: none). `ack` is the number the client's previous ping reply carried
-        and the client handled: those drops go. Unacknowledged ones are answered again (a lost reply loses
-        nothing; a notice names its file's seq, so handling one twice is harmless). Drop numbers come from a
-        counter with a random start per master process: an ack meant for another master matches nothing."""
-        if client_id not in self.disk_clients:  # unlocked peek: most clients have no SSD tier
-            return [], 0
-        with self._lock:
-            dc = self.disk_clients.get(client_id)
-            if dc is None or not dc.drops:
-                return [], 0
-            drops = dc.drops
-            if ack and drops[0][0] <= ack <= dc.drops_handed:
-                while drops and drops[0][0] <= ack:
-                    drops.popleft()
-            if not drops:
-                return [], 0
-            dc.drops_handed = drops[-1][0]
-            return [(k, seq) for _, k, seq in drops], dc.drops_handed
-
-    def _drop_disk_locked(self, key: str) -> None:
-        """Forgets the disk replica of `key` (if any) and queues its file for deletion by the owner."""
-        d = self.table.disk.pop(key, None)
-        if d is not None and len(d.owner.drops) < _MAX_DISK_DROPS:
-            self._drop_number += 1
-            d.owner.drops.append((self._drop_number, key, d.seq))
-
-    def _forget_disk_only_locked(self, key: str, now: float) -> None:
-        """`key` lost its last (disk) replica: its lease and pins go, and a promote in flight too (nothing left
-        to promote; committing it would resurrect the object)."""
-        t = self.table
-        t.drop(key)
-        p = t.pending.get(key)
-        if p is not None and p.kind == PutKind.PROMOTE:
-            self._discard_locked(key, p, now, "removed")
-
-    def _unmount_disk_locked(self, client_id: str) -> int:
-        dc = self.disk_clients.pop(client_id, None)
-        if dc is None:
-            return 0
-        t = self.table
-        gone = [k for k, d in t.disk.items() if d.owner is dc]
-        now = self._clock()
-        for k in gone:
-            del t.disk[k]
-            if k not in t.objects:
-                self._forget_disk_only_locked(k, now)
-        for k in [k for k, task in t.offloading.items() if task.owner is dc]:
-            del t.offloading[k]
-        if gone:
-            _log.info("client %s: %d disk replica(s) dropped with its SSD tier", client_id, len(gone))
-        return len(gone)
 
     # ======================================================================================================
     # Copy / move / replica clear (replication.py) and tasks
