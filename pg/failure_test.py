@@ -123,6 +123,26 @@ def body_replacement(key, world, port, rank, joined):
     return pg.get_current_epoch(dist.group.WORLD)
 
 
+def body_busy_rank(rank, world, port):
+    """Rank 2 is alive (its engine answers probes) but does not reach the collective; rank 1 reaches it 1 s
+    after rank 0. Rank 0 times out on rank 2 and starts a resync; rank 1, which has no evidence of its own,
+    waits a full round for rank 2 before it proposes the same view. Rank 0 must wait for it instead of
+    dropping the healthy rank 1 too."""
+    setup(rank, world, port)
+    if rank == 2:
+        time.sleep(4 * TIMEOUT_S)
+        os._exit(0)
+    time.sleep(1.0 if rank == 1 else 0.0)
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    with pytest.raises(pg.MooncakeOpError):
+        work.wait()
+    assert pg.get_failed_ranks_hint(work) == [2], pg.get_failed_ranks_hint(work)
+    assert pg.get_active_ranks(dist.group.WORLD) == [0, 1]
+    check_sum([0, 1])
+    exit_handshake(rank, world, [0, 1])
+    return pg.get_current_epoch(dist.group.WORLD)
+
+
 def body_manual_policy(rank, world, port):
     """auto_sync off: the failure is reported, the group changes only when asked."""
     setup(rank, world, port, auto_deactivate_on_failure=True, auto_sync_on_failure=False)
@@ -203,6 +223,11 @@ def test_replacement_rejoins():
     joined = mp.get_context("fork").Event()
     res = run_ranks(body_rejoin, 3, joined, may_die=(2,), extra=[(body_replacement, 10, (2, joined))])
     assert res[0] == res[1] == res[10] == 2  # epoch 1: rank 2 dropped; epoch 2: it rejoined
+
+
+def test_busy_rank_is_dropped_and_only_it():
+    res = run_ranks(body_busy_rank, 3, may_die=(2,), timeout=60)
+    assert res[0] == res[1] == 1
 
 
 def test_manual_policy():

@@ -25,7 +25,7 @@ round | (operation number + OP_BIAS) << ROUND_BITS, that of a commit is COMMIT. 
 
 import time
 
-from .transport import PeerFailure
+from .transport import PROBE_AFTER_S, PeerFailure
 
 COMMIT = (1 << 62)
 MASK_WORDS = 6  # up to 384 ranks
@@ -106,9 +106,12 @@ class Membership:
         unreachable = set()
         for p in sorted(ranks - {self.rank}):
             try:
+                # The record before the resync line: a peer that sees the line and starts its own sync
+                # reads this record at once and adopts its evidence (a record not there yet would make it
+                # wait a full round on a rank this proposal already dropped).
+                self.mesh.write_record(p, self.mesh.member_line(self.rank), words, SCRATCH)
                 if raise_resync:
                     self.mesh.write_flag(p, self.mesh.RESYNC, session, SCRATCH + 1)
-                self.mesh.write_record(p, self.mesh.member_line(self.rank), words, SCRATCH)
             except PeerFailure:
                 unreachable.add(p)
             except Exception:  # its address is unknown (the store is gone): same as unreachable
@@ -162,11 +165,20 @@ class Membership:
 
     def _collect(self, mask, session, rnd, op):
         """{rank: (mask, operation number)} proposed by the ranks in `mask` for this session at round >= rnd
-        (bounded wait); the operation number is None for a rank already in a later session."""
+        (bounded wait); the operation number is None for a rank already in a later session.
+
+        A silent rank is waited for `timeout_s()`, except that one whose process is gone (its engine no
+        longer answers probes, asked every PROBE_AFTER_S) is given up at once, and one already taking part
+        in this session at an earlier round gets twice as long: it may itself be waiting out a silent rank,
+        and both waits are the same length, so the usual wait would drop a healthy survivor by a race."""
         got = {self.rank: (set(mask), op)}
-        deadline = time.monotonic() + self.timeout_s()
+        start = time.monotonic()
+        wait = self.timeout_s()
+        next_probe = start + PROBE_AFTER_S
         waiting = set(mask) - {self.rank}
-        while waiting and time.monotonic() < deadline:
+        behind = set()  # in this session, at an earlier round
+        while waiting:
+            now = time.monotonic()
             for p in list(waiting):
                 s, r, q, m = self._record(p)
                 if s == session and r >= rnd:
@@ -175,6 +187,12 @@ class Membership:
                 elif s > session:  # it already agreed on a later view: take it (its count is of that view)
                     got[p] = (m, None)
                     waiting.discard(p)
+                elif s == session:
+                    behind.add(p)
+            waiting = {p for p in waiting if now < start + (2 * wait if p in behind else wait)}
+            if waiting and now >= next_probe:
+                next_probe = now + PROBE_AFTER_S
+                waiting = {p for p in waiting if self.mesh.alive(p)}
             if waiting:
                 time.sleep(2e-4)
         return got

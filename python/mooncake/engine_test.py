@@ -10,6 +10,7 @@ os.environ["MC_FORCE_TCP"] = "1"
 
 import hashlib
 import random
+import socket
 import time
 
 import numpy as np
@@ -65,6 +66,19 @@ def test_first_buffer_address_and_probe(local, peer):
     assert engine.get_first_buffer_address(peer.segment) == peer.buffer
     assert engine.send_probe(peer.segment) == 0
     assert engine.get_rpc_port() > 0
+
+
+def test_probe_of_a_silent_peer_gives_up_after_its_timeout(local, metadata):
+    """A peer that accepts connections but never answers (a stopped process) fails the probe in time."""
+    if metadata != "P2PHANDSHAKE":
+        pytest.skip("the segment name is the RPC address only in P2P mode")
+    engine, _ = local
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        start = time.monotonic()
+        assert engine.send_probe(f"127.0.0.1:{silent.getsockname()[1]}", timeout_ms=300) != 0
+        assert time.monotonic() - start < 2.0
 
 
 def test_random_round_trips_verify_data(local, peer):

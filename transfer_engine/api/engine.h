@@ -92,8 +92,8 @@ class TransferEngine {
   // --- control messages ---
   Status SendNotify(const std::string& segment, const Notification& notification);
   std::vector<Notification> TakeNotifications();
-  /// ok when the segment's engine answered a probe.
-  Status Probe(const std::string& segment);
+  /// ok when the segment's engine answered a probe within `timeout` (zero: the handshake timeout).
+  Status Probe(const std::string& segment, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   /// Per-transport, per-peer counters (JSON).
   std::string StatsJson() const;

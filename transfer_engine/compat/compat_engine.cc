@@ -1,5 +1,6 @@
 #include "transfer_engine/compat/compat_engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "transfer_engine/common/log.h"
@@ -261,9 +262,9 @@ std::vector<Notification> CompatEngine::GetNotifies() {
   return engine_->TakeNotifications();
 }
 
-int CompatEngine::SendProbe(const std::string& peer) {
+int CompatEngine::SendProbe(const std::string& peer, int timeout_ms) {
   MC_REQUIRE_INIT(-1);
-  Status st = engine_->Probe(peer);
+  Status st = engine_->Probe(peer, std::chrono::milliseconds(std::max(0, timeout_ms)));
   return st.ok() ? 0 : Fail("send_probe", st);
 }
 

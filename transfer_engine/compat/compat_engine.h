@@ -60,7 +60,8 @@ class CompatEngine {
   uintptr_t GetFirstBufferAddress(const std::string& segment_name);
   std::string GetLocalTopology(const std::string& device_name) const;
   std::vector<Notification> GetNotifies();
-  int SendProbe(const std::string& peer);
+  /// timeout_ms 0: the handshake timeout (MC_HANDSHAKE_CONNECT_TIMEOUT).
+  int SendProbe(const std::string& peer, int timeout_ms = 0);
   int SendNotify(const std::string& peer, const Notification& notify);
   std::string StatsJson() const;
 

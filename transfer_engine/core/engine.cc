@@ -595,15 +595,15 @@ std::vector<Notification> TransferEngine::TakeNotifications() {
   return out;
 }
 
-Status TransferEngine::Probe(const std::string& segment) {
+Status TransferEngine::Probe(const std::string& segment, std::chrono::milliseconds timeout) {
   if (segment.empty()) return InvalidArgument("empty segment name");
   auto rpc = impl_->metadata_->ResolveRpcAddress(segment);
   if (!rpc.ok()) return rpc.status();
   RpcFrame f;
   f.type = RpcType::kProbe;
   f.body = "{}";
-  auto reply = RpcCall(rpc->host, rpc->port, f, impl_->config_.handshake_connect_timeout,
-                       impl_->config_.handshake_max_length);
+  if (timeout.count() <= 0) timeout = impl_->config_.handshake_connect_timeout;
+  auto reply = RpcCall(rpc->host, rpc->port, f, timeout, impl_->config_.handshake_max_length);
   if (!reply.ok()) return reply.status();
   auto j = nlohmann::json::parse(reply->body, nullptr, false);
   if (!j.is_object() || j.value("status", "") != "success") {

@@ -194,7 +194,7 @@ void RegisterEngine(nb::module_& m) {
              return e.GetLocalTopology(device_name.value_or(""));
            }, "device_name"_a = nb::none())
       .def("get_notifies", &CompatEngine::GetNotifies)
-      .def("send_probe", &CompatEngine::SendProbe, "peer_server_name"_a, release)
+      .def("send_probe", &CompatEngine::SendProbe, "peer_server_name"_a, "timeout_ms"_a = 0, release)
       .def("send_notify", &CompatEngine::SendNotify, "peer_server_name"_a, "notify"_a, release)
       .def("get_stats", &CompatEngine::StatsJson,
            "Per-peer transport counters as a JSON string (bytes, slices, errors, lanes, state).")
