@@ -200,7 +200,10 @@ class MooncakeBackend(dist.ProcessGroup):
                 raise ValueError(f"mooncake pg: this {self.device} group got a tensor on {t.device}")
 
     def _abort(self):
-        if self.members.resync_requested():
+        """Polled while an operation waits: a resync request stops it, unless every proposer has finished it
+        (then it completes here too; a dead peer it still waits for is found by probing)."""
+        m = self.members
+        if m.resync_requested() and not m.proposers_passed(m.done - m.owed + 1):
             raise ResyncRequested([])
 
     def _members(self):

@@ -77,6 +77,20 @@ class Membership:
     def resync_requested(self):
         return int(self.mesh.flags[self.mesh.RESYNC * 8]) > self.epoch
 
+    def proposers_passed(self, op):
+        """Whether every sync proposal received for the requested session comes from a rank that finished
+        operation number `op` and failed a later one: the operation in progress here is then not the one
+        the survivors fail, and its data from them has arrived or is arriving."""
+        session = int(self.mesh.flags[self.mesh.RESYNC * 8])
+        seen = False
+        for p in self.active - {self.rank}:
+            s, _, q, _ = self._record(p)
+            if s == session:
+                if q is None or q <= op:
+                    return False
+                seen = True
+        return seen
+
     def _apply(self, epoch, active):
         joined = set(active) - self.active
         self.replaced |= joined
@@ -165,7 +179,7 @@ class Membership:
 
     def _collect(self, mask, session, rnd, op):
         """{rank: (mask, operation number)} proposed by the ranks in `mask` for this session at round >= rnd
-        (bounded wait); the operation number is None for a rank already in a later session.
+        (bounded wait); for a rank already in a later session: (our mask, None) if its view has us.
 
         A silent rank is waited for `timeout_s()`, except that one whose process is gone (its engine no
         longer answers probes, asked every PROBE_AFTER_S) is given up at once, and one already taking part
@@ -184,8 +198,12 @@ class Membership:
                 if s == session and r >= rnd:
                     got[p] = (m, q)
                     waiting.discard(p)
-                elif s > session:  # it already agreed on a later view: take it (its count is of that view)
-                    got[p] = (m, None)
+                elif s > session:
+                    # It finished this session and moved on: a commit (e.g. a rejoin) or the sync of a later
+                    # failure replaced its record. If its new view has us, it agreed with our mask and count
+                    # (it saw every mask equal to ours); the later change is adopted after this one. If not,
+                    # the survivors dropped us.
+                    got[p] = (set(mask) if self.rank in m else m, None)
                     waiting.discard(p)
                 elif s == session:
                     behind.add(p)
