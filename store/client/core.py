@@ -3,7 +3,9 @@ data path (puts and gets of byte regions). The public API classes (store.py, ten
 
 Data path. A put is BatchPutStart (the master allocates one contiguous buffer per replica, PROCESSING) ->
 the client writes its source regions into every replica -> BatchPutEnd (COMPLETE, readable); a key whose
-write failed is BatchPutRevoke'd, so nothing half-written is ever readable. A get looks the key up
+write failed is BatchPutRevoke'd, so nothing half-written is ever readable. A single-key, one-replica put
+takes one master call instead: it writes into space reserved for this client and commits with PutReserved
+(reserved.py). A get looks the key up
 (descriptor cache or BatchGetReplicaList, which grants a read lease), reads one COMPLETE replica (this
 process's own segment first: a plain memcpy; otherwise one Transfer Engine transfer per segment and batch,
 which is itself a memcpy for a same-host peer's memfd segment) and fails with LEASE_EXPIRED (-707) if the
@@ -51,6 +53,7 @@ import grpc
 from mooncake.store.client.config import ReplicateConfig, SetupConfig
 from mooncake.store.client.disk_link import DiskLinkMixin, DiskReporter
 from mooncake.store.client.memory import BYTES_DATA, RegisteredRanges, StagingPool, clip, gather, scatter
+from mooncake.store.client.reserved import ReservedPuts
 from mooncake.store.master.errors import ErrorCode, code_name
 from mooncake.store.master.master_client import MasterClient, segment as make_segment
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -111,6 +114,7 @@ class StoreCore(DiskLinkMixin):
         self._global = (0, 0)
         self._local = (0, 0)
         self._staging = StagingPool(0, 0)
+        self._reserved = ReservedPuts(self)
         self._ranges = RegisteredRanges()
         self._cache: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._cache_lock = threading.Lock()
@@ -274,6 +278,8 @@ class StoreCore(DiskLinkMixin):
             self._disk_peers.close()
             self._disk_peers = None
         if self._master is not None:
+            if unmount:
+                self._reserved.release_all()
             if unmount and self._segment_id:
                 try:
                     self._master.unmount(self._segment_id)
@@ -463,6 +469,12 @@ class StoreCore(DiskLinkMixin):
                 to_put.append(i)
         if not to_put:
             return results
+        if len(to_put) == 1 and not upsert and not promote:
+            i = to_put[0]
+            code = self._reserved.put(keys[i], sizes[i], sources[i], registered, config)
+            if code is not None:
+                results[i] = code
+                return results
         if upsert:
             self._cache_drop(keys[i] for i in to_put)
         prefix = "BatchUpsert" if upsert else "BatchPut"

@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
          "seconds a put may stay PROCESSING before it is revoked")
     flag("put_start_release_timeout_sec", _duration("s", "s"), d.put_start_release_timeout_sec,
          "seconds before the buffers of a revoked stuck put are reused (earlier under memory pressure)")
+    flag("reservation_idle_sec", _duration("s", "s"), d.reservation_idle_sec,
+         "seconds a client's reserved block (one-round-trip puts) may stay unused before it is freed; 0: no "
+         "reservations (every put takes two master calls)")
+    flag("max_reservation_size", _ranged(int, 0), d.max_reservation_bytes,
+         "largest block (bytes) one reservation takes")
     flag("allocation_strategy", str, d.allocation_strategy, "one of " + ", ".join(ALLOCATION_STRATEGIES))
     flag("memory_allocator", str, d.memory_allocator, "segment allocator (offset)")
     flag("max_total_finished_tasks", _positive_int, d.max_total_finished_tasks, "finished tasks kept")
@@ -171,6 +176,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[MasterConfig, str]:
         exist_grants_lease=args.exist_grants_lease, client_ttl_sec=args.client_ttl,
         put_start_discard_timeout_sec=args.put_start_discard_timeout_sec,
         put_start_release_timeout_sec=args.put_start_release_timeout_sec,
+        reservation_idle_sec=args.reservation_idle_sec, max_reservation_bytes=args.max_reservation_size,
         allocation_strategy=args.allocation_strategy, memory_allocator=args.memory_allocator,
         max_total_finished_tasks=args.max_total_finished_tasks,
         max_total_pending_tasks=args.max_total_pending_tasks,

@@ -35,6 +35,10 @@ class MasterConfig:
     client_ttl_sec: float = 10.0
     put_start_discard_timeout_sec: float = 30.0
     put_start_release_timeout_sec: float = 600.0
+    # One-round-trip puts (reservations.py): a client's reserved block is freed after this long unused (0: no
+    # reservations); one block is at most this large
+    reservation_idle_sec: float = 10.0
+    max_reservation_bytes: int = 64 << 20
     # Allocation
     allocation_strategy: str = "random"
     memory_allocator: str = "offset"
@@ -78,6 +82,8 @@ class MasterConfig:
               f"--eviction_high_watermark_ratio must be in (0, 1], got {self.eviction_high_watermark_ratio}")
         check(self.client_ttl_sec > 0, f"--client_ttl must be > 0, got {self.client_ttl_sec}")
         check(self.put_start_discard_timeout_sec > 0, "--put_start_discard_timeout_sec must be > 0")
+        check(self.reservation_idle_sec >= 0, "--reservation_idle_sec must be >= 0")
+        check(self.max_reservation_bytes >= 0, "--max_reservation_size must be >= 0")
         check(self.put_start_release_timeout_sec >= self.put_start_discard_timeout_sec,
               "--put_start_release_timeout_sec must be >= --put_start_discard_timeout_sec")
         check(self.allocation_strategy in ALLOCATION_STRATEGIES,

@@ -71,6 +71,8 @@ class _StateCollector:
                   ("master_total_capacity_bytes", "Pool capacity (all segments)", s["capacity_bytes"]),
                   ("master_held_bytes", "Bytes of discarded puts / leased old versions not yet reusable",
                    s["held_bytes"]),
+                  ("master_reserved_bytes", "Bytes reserved by clients for one-round-trip puts, not yet used",
+                   s["reserved_bytes"]),
                   ("master_active_clients", "Clients alive (pinging)", s["clients"]),
                   ("master_mounted_segments", "Mounted segments", len(s["segments"])),
                   ("master_active_leases", "Objects under a live read lease", s["leases"]),

@@ -322,6 +322,28 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         objects = [(o.key, o.seq) for o in request.objects]
         return pb.BatchStatusReply(codes=self.svc.evict_disk_replicas(request.client_id, objects))
 
+    # -- reserved space (one-round-trip puts, reservations.py) ---------------------------------------------
+    @_rpc
+    def ReserveSpace(self, request, context):
+        code, r = self.svc.reserve_space(request.client_id, request.size, request.min_size, _put_config(request),
+                                         request.renew)
+        if r is None:
+            return pb.ReserveSpaceReply(code=code)
+        block = Replica(r.segment, r.cursor, r.end - r.cursor)
+        return pb.ReserveSpaceReply(code=code, reservation_id=r.id, block=_descriptor(block, _PROCESSING),
+                                    granule=r.segment.allocator.granule,
+                                    idle_ms=int(self.svc.config.reservation_idle_sec * 1000))
+
+    @_rpc
+    def PutReserved(self, request, context):
+        code, cursor = self.svc.put_reserved(request.client_id, request.reservation_id, request.key, request.size,
+                                             request.address, _put_config(request))
+        return pb.PutReservedReply(code=code, cursor=cursor)
+
+    @_rpc
+    def ReleaseSpace(self, request, context):
+        return pb.StatusReply(code=self.svc.release_space(request.client_id, request.reservation_id))
+
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -56,6 +56,7 @@ from mooncake.store.master.metrics import MasterMetrics
 from mooncake.store.master.disk_tier import DiskTierMixin
 from mooncake.store.master.objects import DiskClient, Held, ObjectTable, PendingPut, PutConfig, PutKind, replicas_of
 from mooncake.store.master.replication import Replicator
+from mooncake.store.master.reservations import ReservationMixin
 from mooncake.store.master.segments import Replica, Segment, SegmentRegistry
 from mooncake.store.master.tasks import TaskManager
 
@@ -77,7 +78,7 @@ class SegmentSpec:
         self.te_endpoint, self.protocol = te_endpoint, protocol
 
 
-class MasterService(DiskTierMixin):
+class MasterService(DiskTierMixin, ReservationMixin):
     def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  metrics: MasterMetrics | None = None, rng: random.Random | None = None) -> None:
         self.config = config = config or MasterConfig()
@@ -99,6 +100,7 @@ class MasterService(DiskTierMixin):
         self._next_watermark_evict = 0.0
         self._sizes: dict[int, int] = {}
         self.disk_clients: dict[str, DiskClient] = {}
+        self._init_reservations()
         # Offload task versions start at a random 62-bit value per master process: a report of a task a
         # previous master handed out (its copy may come from memory that master reused) never matches.
         self._offload_version = random.SystemRandom().getrandbits(62)
@@ -170,6 +172,7 @@ class MasterService(DiskTierMixin):
     def _unmount_locked(self, seg: Segment, reason: str) -> None:
         """Unmounts `seg` and drops every replica on it; objects left without replicas disappear."""
         had_data = seg.allocator.used_bytes > 0
+        self._drop_reservations_locked(segment=seg)
         self.segments.unmount(seg.id)
         if not had_data:
             return
@@ -203,6 +206,7 @@ class MasterService(DiskTierMixin):
                 self._free(p.replicas)
                 self.metrics.revoked_puts.labels(reason="client_expired").inc()
         self._release_held(lambda h: h.writer == client_id)
+        self._drop_reservations_locked(client_id=client_id)
         self._unmount_disk_locked(client_id)
         self.replicator.on_client_expired(client_id)
         self.tasks.fail_client(client_id, now)
@@ -316,8 +320,7 @@ class MasterService(DiskTierMixin):
                 t.pending[key] = PendingPut(client_id, size, list(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE)
                 return OK, list(old_reps)
             kind = PutKind.UPSERT_REALLOC
-        if len(self._sizes) < _MAX_SHARED_SIZES:  # KV caches use few distinct sizes: share the int objects
-            size = self._sizes.setdefault(size, size)
+        size = self._shared_size(size)
         replicas = self._allocate_locked(size, cfg.replica_num, cfg.preferred_segments, now)
         if not replicas:
             return ErrorCode.NO_AVAILABLE_HANDLE, []
@@ -341,17 +344,26 @@ class MasterService(DiskTierMixin):
         del t.pending[key]
         if p.kind == PutKind.UPSERT_REALLOC and key in t.objects:
             self._retire_locked(key, t.objects[key], now)
-        cfg = p.config
+        self._commit_new_locked(key, p.replicas, now, p.config, p.kind != PutKind.PROMOTE)
+        return OK
+
+    def _commit_new_locked(self, key: str, replicas, now: float, cfg: PutConfig, new_version: bool = True) -> None:
+        """Makes `replicas` the readable version of `key` with cfg's pins."""
         ttl_ms = min(cfg.soft_pin_ttl_ms or self.config.default_kv_soft_pin_ttl_ms, self.config.max_kv_soft_pin_ttl_ms)
-        t.commit(key, p.replicas, now, cfg, ttl_ms / 1000.0)
-        if p.kind != PutKind.PROMOTE:
+        self.table.commit(key, replicas, now, cfg, ttl_ms / 1000.0)
+        if new_version:
             # A new version: an older file of the key is obsolete; the owner of its memory (if it has an SSD
             # tier) is to persist this one.
             self._drop_disk_locked(key)
             self._cancel_offload_locked(key)
             if self.disk_clients:
-                self._queue_offload_locked(key, p.replicas, now)
-        return OK
+                self._queue_offload_locked(key, replicas, now)
+
+    def _shared_size(self, size: int) -> int:
+        """KV caches use few distinct sizes: objects share the int objects of the first _MAX_SHARED_SIZES."""
+        if len(self._sizes) < _MAX_SHARED_SIZES:
+            size = self._sizes.setdefault(size, size)
+        return size
 
     def _revoke_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
         t = self.table
@@ -642,6 +654,8 @@ class MasterService(DiskTierMixin):
             for key, p in stuck:
                 self._discard_locked(key, p, now, "timeout")
             self._release_held(lambda h: h.release_at <= now)
+            if self.reservations:
+                self._drop_reservations_locked(idle_before=now - self.config.reservation_idle_sec)
             self.replicator.expire(now)
             self.tasks.expire(now)
             if now >= self._next_purge:
@@ -694,6 +708,7 @@ class MasterService(DiskTierMixin):
                 "usage": round(self.segments.usage(), 6),
                 "held_bytes": sum(r.segment.allocator.rounded(r.size) for h in t.held for r in h.replicas
                                   if r.segment.mounted),
+                "reserved_bytes": self.reserved_bytes(), "reservations": len(self.reservations),
                 "clients": len(self.clients), "leases": t.live_lease_count(now),
                 "hard_pinned": len(t.hard_pins), "soft_pinned": len(t.soft_pins),
                 "segments": [s.describe() for s in self.segments.all()],

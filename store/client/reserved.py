@@ -1,0 +1,166 @@
+"""Client side of one-round-trip puts (the master side and the contract: store/master/reservations.py).
+
+A single-key put with one replica takes a block of space reserved for this client, writes the value at the
+block's cursor (Transfer Engine, or memcpy when the block is in this process's segment) and commits it with
+one PutReserved call: one master round trip instead of PutStart + PutEnd. Blocks are asked for (ReserveSpace)
+when none has room, sized for about BLOCK_OBJECTS values of the current size, and kept per placement
+preference. Anything unusual (no grant, a block the master no longer knows, an RPC error before the data
+moved) sends the put the two-call way, which also evicts when memory is full.
+
+A block is used only while this client heard about it from the master less than FRESH_SEC ago and well before
+the master's idle deadline; so the master that granted it is alive and has not handed the space to anyone else
+(a restarted master needs longer than FRESH_SEC before any client can allocate in a remounted segment).
+
+Threading: a block is used by one put at a time (taken out of the pool for the put); ``put`` is thread-safe.
+Set MC_STORE_RESERVED_PUT=0 to turn the path off (every put then takes two master calls).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from mooncake.store.master.errors import ErrorCode
+
+_log = logging.getLogger("mooncake.store.client")
+
+OK = int(ErrorCode.OK)
+_ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+_TRANSFER_FAIL = int(ErrorCode.TRANSFER_FAIL)
+MiB = 1 << 20
+FRESH_SEC = 1.0
+BLOCK_OBJECTS = 32
+MIN_BLOCK, MAX_BLOCK = 4 * MiB, 64 * MiB
+POOLED_PER_PREFERENCE = 2
+_NO_GRANT_BACKOFF_SEC = 1.0  # after a refused grant (memory full, feature off), puts go the two-call way
+
+
+class _Block:
+    __slots__ = ("rid", "segment", "cursor", "end", "granule", "quiet_max", "confirmed")
+
+    def __init__(self, reply, now: float) -> None:
+        b = reply.block
+        self.rid, self.segment, self.granule = reply.reservation_id, b.segment_name, max(1, reply.granule)
+        self.cursor, self.end = b.address, b.address + b.size
+        idle = reply.idle_ms / 1000.0
+        self.quiet_max = idle - min(2.0, idle / 2)  # the master frees it `idle` after its last confirmation
+        self.confirmed = now  # when the master last confirmed it (grant, renew or commit)
+
+    def room(self, size: int) -> bool:
+        return self.cursor + -(-size // self.granule) * self.granule <= self.end
+
+    def fresh(self, now: float) -> bool:
+        """Usable without asking: the master confirmed it very recently."""
+        return now - self.confirmed < min(FRESH_SEC, self.quiet_max)
+
+    def alive(self, now: float) -> bool:
+        """Still held by the master (to be renewed before use when not fresh)."""
+        return now - self.confirmed < self.quiet_max
+
+
+class ReservedPuts:
+    def __init__(self, core) -> None:
+        self._core = core
+        self._lock = threading.Lock()
+        self._pool: dict[tuple, list[_Block]] = {}
+        self._no_grant_until = 0.0
+        self.enabled = os.environ.get("MC_STORE_RESERVED_PUT", "1") != "0"
+
+    def put(self, key: str, size: int, source: list, registered: bool, config) -> int | None:
+        """Puts one value (source: [(addr, len)]) through a reserved block; per-key code, or None: put it the
+        two-call way."""
+        if not self.enabled or config.replica_num != 1:
+            return None
+        core = self._core
+        proto = config.to_proto(core._segment_name)
+        pref = tuple(proto.preferred_segments)
+        block = self._take(pref, size, proto)
+        if block is None:
+            return None
+        pinned = core._pin(source, registered, block.segment != core._segment_name, write_out=False)
+        if pinned is None:
+            self._give_back(pref, block)
+            return _TRANSFER_FAIL
+        regions, release = pinned
+        ops, off = [], 0
+        for a, n in regions:
+            ops.append((block.segment, a, block.cursor + off, n, 0))
+            off += n
+        try:
+            failed = core._transfer(ops, write=True)
+        finally:
+            release()
+        if failed:
+            self._give_back(pref, block)  # nothing committed: the space is reused by the next put
+            return _TRANSFER_FAIL
+        sent = time.monotonic()
+        reply = core._rpc("PutReserved", reservation_id=block.rid, key=key, size=size, address=block.cursor,
+                          config=proto)
+        if isinstance(reply, int):  # unknown outcome: the block may be gone; never write into it again
+            self._release(block)
+            return reply
+        if reply.code in (OK, _ALREADY):
+            if reply.code == OK:
+                block.cursor = reply.cursor
+            block.confirmed = sent
+            self._give_back(pref, block)
+            return OK
+        _log.info("put %r: reserved block %d refused (%s); putting it the two-call way", key, block.rid, reply.code)
+        return None
+
+    def _take(self, pref: tuple, size: int, proto) -> _Block | None:
+        """A block with room for `size`, taken out of the pool, confirmed by the master less than FRESH_SEC
+        ago: a pooled fresh one, a pooled one renewed now (one call, as PutStart would cost), or a new one."""
+        now = time.monotonic()
+        with self._lock:
+            blocks = self._pool.get(pref, [])
+            blocks[:] = [b for b in blocks if b.alive(now)]  # the rest the master frees by itself
+            fitting = [b for b in blocks if b.room(size)]
+            block = max(fitting, key=lambda b: b.confirmed) if fitting else None
+            if block is not None:
+                blocks.remove(block)
+            elif now < self._no_grant_until:
+                return None
+        core = self._core
+        if block is not None:
+            if block.fresh(now):
+                return block
+            reply = core._rpc("ReserveSpace", renew=block.rid)
+            if not isinstance(reply, int) and reply.code == OK and reply.block.address == block.cursor:
+                block.confirmed = now
+                return block
+            if not isinstance(reply, int) and reply.code == OK:  # not where we think: do not use it
+                self._release(block)
+            return None  # gone or unreachable: the two-call way
+        want = min(MAX_BLOCK, max(MIN_BLOCK, BLOCK_OBJECTS * size))
+        reply = core._rpc("ReserveSpace", size=max(want, size), min_size=size, config=proto)
+        if isinstance(reply, int) or reply.code != OK:
+            with self._lock:
+                self._no_grant_until = time.monotonic() + _NO_GRANT_BACKOFF_SEC
+            return None
+        return _Block(reply, now)
+
+    def _give_back(self, pref: tuple, block: _Block) -> None:
+        extra = None
+        with self._lock:
+            blocks = self._pool.setdefault(pref, [])
+            blocks.append(block)
+            if len(blocks) > POOLED_PER_PREFERENCE:
+                blocks.sort(key=lambda b: b.end - b.cursor)
+                extra = blocks.pop(0)
+        if extra is not None:
+            self._release(extra)
+
+    def _release(self, block: _Block) -> None:
+        if block.end > block.cursor:
+            self._core._rpc("ReleaseSpace", reservation_id=block.rid)
+
+    def release_all(self) -> None:
+        """Frees every pooled block (close)."""
+        with self._lock:
+            blocks = [b for bs in self._pool.values() for b in bs]
+            self._pool.clear()
+        for b in blocks:
+            self._release(b)

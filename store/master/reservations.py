@@ -1,0 +1,169 @@
+"""Reserved space: the MasterService part behind one-round-trip puts (ReserveSpace / PutReserved / ReleaseSpace).
+
+A two-call put (PutStart, write, PutEnd) pays two master round trips. With a reservation the client asks once
+for a block (placed like a one-replica put), then for each object writes its bytes at the block's cursor and
+commits them with one PutReserved: the master carves the object off the front of the block (an ordinary
+allocation from then on: freed, evicted, leased like any other) and it is readable when the call returns.
+
+Contract:
+- A block belongs to one client; commits must come in cursor order (the client serializes its use of a
+  block). The cursor moves by the object's size rounded up to the allocator granule. A commit at another
+  address, past the block's end or for an unknown block fails with INVALID_PARAMS / OBJECT_NOT_FOUND, and the
+  block is gone: the client must not write into it again and puts the object the two-call way.
+- A commit of a key that exists (or is being put, or only on disk) stores nothing and leaves the cursor: the
+  client reuses that space (a put of an existing key reports OK and changes nothing, as with PutStart).
+- The rest of a block is freed by ReleaseSpace, after ``reservation_idle_sec`` without a commit, when its client
+  expires, and (without a free: the memory is gone) when its segment is unmounted. The client stops using a
+  block well before its idle deadline and only while it heard from this master process recently, so that it
+  never writes into space this master (or a restarted one) gave to someone else.
+- Reservations never evict: a block takes at most a quarter of the room left under the eviction watermark; a
+  grant that cannot hold the object at hand is refused (NO_AVAILABLE_HANDLE) and the client puts the two-call
+  way, which evicts as usual.
+
+A mixin of MasterService (uses ``_lock``, ``segments``, ``table``, ``metrics``, ``config``); public methods take
+the service lock, ``*_locked`` ones expect it held.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from mooncake.store.master.errors import ErrorCode
+from mooncake.store.master.objects import PutConfig
+from mooncake.store.master.segments import Replica, Segment
+
+_log = logging.getLogger("mooncake.store.master")
+
+OK = ErrorCode.OK
+MAX_PER_CLIENT = 8  # blocks one client may hold at once
+
+
+class Reservation:
+    __slots__ = ("id", "client_id", "segment", "cursor", "end", "last_used")
+
+    def __init__(self, rid: int, client_id: str, segment: Segment, start: int, end: int, now: float) -> None:
+        self.id, self.client_id, self.segment = rid, client_id, segment
+        self.cursor, self.end, self.last_used = start, end, now  # offsets in the segment
+
+
+class ReservationMixin:
+    def _init_reservations(self) -> None:
+        self.reservations: dict[int, Reservation] = {}
+        self._next_reservation = random.SystemRandom().getrandbits(62) or 1
+
+    def reserve_space(self, client_id: str, size: int, min_size: int, config: PutConfig, renew: int = 0
+                      ) -> tuple[ErrorCode, Reservation | None]:
+        """A new block of at most `size` and at least `min_size` bytes for `client_id` (module docstring);
+        with `renew`, that block of the client confirmed instead (OBJECT_NOT_FOUND when it is gone)."""
+        if renew:
+            with self._lock:
+                r = self.reservations.get(renew)
+                if r is None or r.client_id != client_id or not r.segment.mounted:
+                    code, r = ErrorCode.OBJECT_NOT_FOUND, None
+                else:
+                    code, r.last_used = OK, self._clock()
+                self.metrics.count("renew_space", code)
+                return code, r
+        if not client_id or min_size <= 0 or size < min_size or config.replica_num != 1:
+            return ErrorCode.INVALID_PARAMS, None
+        with self._lock:
+            code, r = self._reserve_locked(client_id, size, min_size, config, self._clock())
+            self.metrics.count("reserve_space", code)
+            return code, r
+
+    def _reserve_locked(self, client_id, size, min_size, config, now):
+        if self.config.reservation_idle_sec <= 0:
+            return ErrorCode.UNAVAILABLE_IN_CURRENT_MODE, None
+        if sum(1 for r in self.reservations.values() if r.client_id == client_id) >= MAX_PER_CLIENT:
+            return ErrorCode.NO_AVAILABLE_HANDLE, None
+        # At most a quarter of the room left under the eviction watermark: a grant never starts an eviction
+        # and leaves most free memory to everyone else's puts.
+        room = self.config.eviction_high_watermark_ratio * self.segments.capacity - self.segments.used
+        size = min(size, self.config.max_reservation_bytes, int(room) // 4)
+        if size < min_size:
+            return ErrorCode.NO_AVAILABLE_HANDLE, None
+        reps = self.segments.allocate(size, 1, config.preferred_segments)
+        if not reps and size > min_size:
+            size = min_size
+            reps = self.segments.allocate(size, 1, config.preferred_segments)
+        if not reps:
+            return ErrorCode.NO_AVAILABLE_HANDLE, None
+        self.clients.register(client_id, now)
+        seg, start = reps[0].segment, reps[0].offset
+        rid = self._next_reservation
+        self._next_reservation += 1
+        r = self.reservations[rid] = Reservation(rid, client_id, seg, start, start + seg.allocator.rounded(size), now)
+        return OK, r
+
+    def put_reserved(self, client_id: str, rid: int, key: str, size: int, address: int, config: PutConfig
+                     ) -> tuple[ErrorCode, int]:
+        """Commits `key` (`size` bytes written at `address`) from block `rid`; returns (code, the block's
+        cursor address afterwards, 0 when the block is gone)."""
+        with self._lock:
+            code, cursor = self._put_reserved_locked(client_id, rid, key, size, address, config, self._clock())
+            self.metrics.count("put_reserved", code)
+            return code, cursor
+
+    def _put_reserved_locked(self, client_id, rid, key, size, address, config, now):
+        r = self.reservations.get(rid)
+        if r is None or r.client_id != client_id or not r.segment.mounted:
+            return ErrorCode.OBJECT_NOT_FOUND, 0
+        seg = r.segment
+        code = self._check_key(key)
+        if code != OK or size <= 0 or config.replica_num != 1:
+            return code if code != OK else ErrorCode.INVALID_PARAMS, seg.base + r.cursor
+        n = seg.allocator.rounded(size)
+        if address != seg.base + r.cursor or r.cursor + n > r.end:
+            _log.warning("client %s committed %r at %#x (+%d) but its block %d is at %#x..%#x: block dropped",
+                         client_id, key, address, size, rid, seg.base + r.cursor, seg.base + r.end)
+            self._free_reservation_locked(r)
+            return ErrorCode.INVALID_PARAMS, 0
+        r.last_used = now
+        if self._put_conflict_locked(key, now):
+            return ErrorCode.OBJECT_ALREADY_EXISTS, seg.base + r.cursor
+        replica = Replica(seg, r.cursor, self._shared_size(size))
+        r.cursor += n
+        if r.cursor == r.end:
+            del self.reservations[rid]
+        self._commit_new_locked(key, [replica], now, config)
+        return OK, seg.base + r.cursor
+
+    def _put_conflict_locked(self, key: str, now: float) -> bool:
+        """Whether a put of `key` finds it taken: committed, only on disk, or being put (a put stuck for
+        longer than put_start_discard_timeout_sec is revoked instead, as PutStart does)."""
+        t = self.table
+        p = t.pending.get(key)
+        if p is not None:
+            if now - p.started < self.config.put_start_discard_timeout_sec:
+                return True
+            self._discard_locked(key, p, now, "timeout")
+        return key in t.objects or key in t.disk
+
+    def release_space(self, client_id: str, rid: int) -> ErrorCode:
+        with self._lock:
+            r = self.reservations.get(rid)
+            if r is None or r.client_id != client_id:
+                code = ErrorCode.OBJECT_NOT_FOUND
+            else:
+                self._free_reservation_locked(r)
+                code = OK
+            self.metrics.count("release_space", code)
+            return code
+
+    def reserved_bytes(self) -> int:
+        """Bytes reserved and not yet carved (the caller holds the lock or accepts a racy sum)."""
+        return sum(r.end - r.cursor for r in list(self.reservations.values()))
+
+    def _free_reservation_locked(self, r: Reservation) -> None:
+        del self.reservations[r.id]
+        if r.end > r.cursor:
+            self.segments.release(Replica(r.segment, r.cursor, r.end - r.cursor))
+
+    def _drop_reservations_locked(self, client_id: str | None = None, segment: Segment | None = None,
+                                  idle_before: float | None = None) -> None:
+        """Frees the blocks of `client_id`, on `segment` (no free: it is unmounted), or unused since `idle_before`."""
+        for r in list(self.reservations.values()):
+            if (r.client_id == client_id or r.segment is segment
+                    or (idle_before is not None and r.last_used < idle_before)):
+                self._free_reservation_locked(r)
