@@ -36,7 +36,7 @@ COLL, P2P = 0, 1
 # Waiting (no progress): yield the CPU for SPIN_S, then nap for 1/20 of the time waited so far (at most
 # MAX_NAP_S); from PROBE_AFTER_S on, ask the engines of the silent peers whether they are still alive.
 SPIN_S, MAX_NAP_S, PROBE_AFTER_S = 2e-4, 5e-4, 0.5
-PROBE_TIMEOUT_MS = 1000  # a stopped (SIGSTOP) or hung peer counts as gone after this
+PROBE_TIMEOUT_MS, PROBE_TIMED_OUT = 1000, -400  # the probe's wait, and send_probe's code when it ran out
 _ARENA_BYTES = int(os.environ.get("MC_PG_ARENA_BYTES", 1 << 30))  # virtual; memfd pages appear on touch
 
 
@@ -231,13 +231,14 @@ class Mesh:
         return self.flags[line * 8:line * 8 + 8].copy()
 
     def alive(self, r):
-        """Whether rank r's engine answers within PROBE_TIMEOUT_MS (an RPC; used only once a wait is already
-        late). The engine answers from its own thread, so a busy or GIL-bound peer still answers."""
+        """False only when rank r's process is certainly gone: its engine refuses the probe (an RPC; used
+        only once a wait is already late). A probe with no answer within PROBE_TIMEOUT_MS is no evidence (a
+        starved or stopped process): the operation's own deadline deals with such a peer."""
         try:
             segment, _ = self.peer(r)
         except Exception:
             return False
-        return self.engine.send_probe(segment, PROBE_TIMEOUT_MS) == 0
+        return self.engine.send_probe(segment, PROBE_TIMEOUT_MS) in (0, PROBE_TIMED_OUT)
 
     def close(self):
         if not self.closed:

@@ -77,7 +77,7 @@ def test_probe_of_a_silent_peer_gives_up_after_its_timeout(local, metadata):
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
         start = time.monotonic()
-        assert engine.send_probe(f"127.0.0.1:{silent.getsockname()[1]}", timeout_ms=300) != 0
+        assert engine.send_probe(f"127.0.0.1:{silent.getsockname()[1]}", timeout_ms=300) == -400  # TIMEOUT
         assert time.monotonic() - start < 2.0
 
 

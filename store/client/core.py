@@ -418,6 +418,18 @@ class StoreCore(DiskLinkMixin):
                 failed.update(o[4] for o in seg_ops)
         return failed
 
+    def _move_contiguous(self, segment: str, address: int, regions: list, release, write: bool) -> bool:
+        """Writes (or reads) the pinned `regions`, in order, to (from) one range of `segment` starting at
+        `address`, then calls release(); True when the transfer worked."""
+        ops, off = [], 0
+        for a, n in regions:
+            ops.append((segment, a, address + off, n, 0))
+            off += n
+        try:
+            return not self._transfer(ops, write=write)
+        finally:
+            release()
+
     def _pin(self, regions: list, registered: bool, needs_te: bool, write_out: bool):
         """Makes `regions` usable as Transfer Engine local buffers. Returns (regions', release) where release()
         copies staged data back (for reads, write_out=True) and frees the staging / registration; or None."""
@@ -602,16 +614,8 @@ class StoreCore(DiskLinkMixin):
         if pinned is None:
             return None
         rep = rep or e.replicas[0]
-        regions, release = pinned
-        ops, off = [], 0
-        for a, n in regions:
-            ops.append((rep.segment_name, a, rep.address + off, n, 0))
-            off += n
-        try:
-            failed = self._transfer(ops, write=False)
-        finally:
-            release()
-        if failed or time.monotonic() > e.expiry:
+        if not self._move_contiguous(rep.segment_name, rep.address, *pinned, write=False) or \
+                time.monotonic() > e.expiry:
             return None
         return e.size
 

@@ -83,16 +83,7 @@ class ReservedPuts:
         if pinned is None:
             self._give_back(pref, block)
             return _TRANSFER_FAIL
-        regions, release = pinned
-        ops, off = [], 0
-        for a, n in regions:
-            ops.append((block.segment, a, block.cursor + off, n, 0))
-            off += n
-        try:
-            failed = core._transfer(ops, write=True)
-        finally:
-            release()
-        if failed:
+        if not core._move_contiguous(block.segment, block.cursor, *pinned, write=True):
             self._give_back(pref, block)  # nothing committed: the space is reused by the next put
             return _TRANSFER_FAIL
         sent = time.monotonic()
