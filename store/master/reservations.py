@@ -132,13 +132,7 @@ class ReservationMixin:
     def _put_conflict_locked(self, key: str, now: float) -> bool:
         """Whether a put of `key` finds it taken: committed, only on disk, or being put (a put stuck for
         longer than put_start_discard_timeout_sec is revoked instead, as PutStart does)."""
-        t = self.table
-        p = t.pending.get(key)
-        if p is not None:
-            if now - p.started < self.config.put_start_discard_timeout_sec:
-                return True
-            self._discard_locked(key, p, now, "timeout")
-        return key in t.objects or key in t.disk
+        return self._put_in_progress_locked(key, now) or key in self.table.objects or key in self.table.disk
 
     def release_space(self, client_id: str, rid: int) -> ErrorCode:
         with self._lock:

@@ -287,11 +287,8 @@ class MasterService(DiskTierMixin, ReservationMixin):
         if not client_id or size <= 0 or not 1 <= cfg.replica_num <= MAX_REPLICA_NUM:
             return ErrorCode.INVALID_PARAMS, []
         t = self.table
-        p = t.pending.get(key)
-        if p is not None:
-            if now - p.started < self.config.put_start_discard_timeout_sec:
-                return (ErrorCode.OBJECT_REPLICA_BUSY if upsert else ErrorCode.OBJECT_ALREADY_EXISTS), []
-            self._discard_locked(key, p, now, "timeout")  # a stuck put is pre-empted by a new writer
+        if self._put_in_progress_locked(key, now):
+            return (ErrorCode.OBJECT_REPLICA_BUSY if upsert else ErrorCode.OBJECT_ALREADY_EXISTS), []
         old = t.objects.get(key)
         kind = PutKind.PUT
         if promote and not upsert:
@@ -326,6 +323,17 @@ class MasterService(DiskTierMixin, ReservationMixin):
             return ErrorCode.NO_AVAILABLE_HANDLE, []
         t.pending[key] = PendingPut(client_id, size, replicas, now, cfg, kind)
         return OK, replicas
+
+    def _put_in_progress_locked(self, key: str, now: float) -> bool:
+        """Whether another put of `key` is in progress; one stuck for put_start_discard_timeout_sec is revoked
+        instead (a new writer pre-empts it)."""
+        p = self.table.pending.get(key)
+        if p is None:
+            return False
+        if now - p.started < self.config.put_start_discard_timeout_sec:
+            return True
+        self._discard_locked(key, p, now, "timeout")
+        return False
 
     def _end_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
         code = self._end_checked(client_id, key, now)

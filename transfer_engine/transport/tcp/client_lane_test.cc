@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -44,67 +45,71 @@ void AckServer(int listen_fd) {
   close(fd);
 }
 
+// A lane to a listening socket on 127.0.0.1 (nothing accepts unless a test serves it) on its own I/O loop,
+// and one batch with one 4 KiB WRITE task to hand it.
+class ClientLaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto fd = net::Listen("127.0.0.1", 0, 4);
+    ASSERT_TRUE(fd.ok());
+    listen_fd_ = *fd;
+    ASSERT_TRUE(loop_.Start(nullptr, std::chrono::milliseconds(100)).ok());
+    path_.remote_ip = "127.0.0.1";
+    path_.port = net::LocalPort(listen_fd_);
+    path_.label = "test path";
+  }
+  void TearDown() override {
+    if (listen_fd_ >= 0) close(listen_fd_);
+  }
+  // Starts the batch's task; returns its only slice.
+  Slice* StartWrite() {
+    auto task = batch_->AddTask();
+    EXPECT_TRUE(task.ok());
+    if (!task.ok()) return nullptr;
+    batch_->StartTask(*task, CutIntoSlices(OpCode::kWrite, src_.data(), 0x1000, src_.size(), 1 << 20), nullptr);
+    return &(*task)->slices()[0];
+  }
+
+  int listen_fd_ = -1;
+  EngineConfig config_;
+  IoLoop loop_{"lane-test"};
+  Path path_;
+  CountingOwner owner_;
+  std::vector<char> src_ = std::vector<char>(4096, 'x');
+  std::shared_ptr<Batch> batch_ = std::make_shared<Batch>(1);
+};
+
 // Slices that wait for the peer while a caller drives the lane are handed out when the lane reports room:
 // a drive that completes slices must say so, or the waiting ones stay queued forever.
-TEST(ClientLaneTest, DriveThatCompletesSlicesReportsRoom) {
-  auto listen_fd = net::Listen("127.0.0.1", 0, 4);
-  ASSERT_TRUE(listen_fd.ok());
-  std::thread server(AckServer, *listen_fd);
-  EngineConfig config;
-  IoLoop loop("lane-test");
-  ASSERT_TRUE(loop.Start(nullptr, std::chrono::milliseconds(100)).ok());
-  Path path;
-  path.remote_ip = "127.0.0.1";
-  path.port = net::LocalPort(*listen_fd);
-  path.label = "test path";
-  CountingOwner owner;
-  std::vector<char> src(4096, 'x');
-  auto batch = std::make_shared<Batch>(1);
+TEST_F(ClientLaneTest, DriveThatCompletesSlicesReportsRoom) {
+  std::thread server(AckServer, listen_fd_);
   {
-    ClientLane lane(config, &loop, &path, &owner);
-    auto task = batch->AddTask();
-    ASSERT_TRUE(task.ok());
-    batch->StartTask(*task, CutIntoSlices(OpCode::kWrite, src.data(), 0x1000, src.size(), 1 << 20), nullptr);
-    std::vector<Slice*> slices{&(*task)->slices()[0]};
+    ClientLane lane(config_, &loop_, &path_, &owner_);
+    Slice* slice = StartWrite();
+    ASSERT_NE(slice, nullptr);
+    std::vector<Slice*> slices{slice};
     ASSERT_TRUE(lane.TryDrive(slices));
-    ASSERT_TRUE(batch->WaitUntil(std::chrono::steady_clock::now() + std::chrono::seconds(5)));
-    EXPECT_EQ(batch->task(0).status().state, TransferState::kCompleted) << batch->task(0).error().ToString();
-    EXPECT_GE(owner.room.load(), 1);
-    loop.Stop();
+    ASSERT_TRUE(batch_->WaitUntil(std::chrono::steady_clock::now() + std::chrono::seconds(5)));
+    EXPECT_EQ(batch_->task(0).status().state, TransferState::kCompleted) << batch_->task(0).error().ToString();
+    EXPECT_GE(owner_.room.load(), 1);
+    loop_.Stop();
   }
-  shutdown(*listen_fd, SHUT_RDWR);
+  shutdown(listen_fd_, SHUT_RDWR);
   server.join();
-  close(*listen_fd);
 }
 
 // After the transport stopped its lanes (and loops), a slice handed to a lane late (a Submit racing Stop)
 // must still complete, with an error, instead of reconnecting onto a loop that no longer runs.
-TEST(ClientLaneTest, EnqueueAfterShutdownAbortCompletesWithError) {
-  auto listen_fd = net::Listen("127.0.0.1", 0, 4);
-  ASSERT_TRUE(listen_fd.ok());
-  EngineConfig config;
-  IoLoop loop("lane-test");
-  ASSERT_TRUE(loop.Start(nullptr, std::chrono::milliseconds(100)).ok());
-  Path path;
-  path.remote_ip = "127.0.0.1";
-  path.port = net::LocalPort(*listen_fd);
-  path.label = "test path";
-  CountingOwner owner;
-  std::vector<char> src(4096, 'x');
-  auto batch = std::make_shared<Batch>(1);
-  {
-    ClientLane lane(config, &loop, &path, &owner);
-    lane.Abort(Status(ErrorCode::kSocket, "shutting down"), /*reroute=*/false);
-    loop.Stop();
-    auto task = batch->AddTask();
-    ASSERT_TRUE(task.ok());
-    batch->StartTask(*task, CutIntoSlices(OpCode::kWrite, src.data(), 0x1000, src.size(), 1 << 20), nullptr);
-    lane.Enqueue({&(*task)->slices()[0]});
-    ASSERT_TRUE(batch->WaitUntil(std::chrono::steady_clock::now() + std::chrono::seconds(2)));
-    EXPECT_EQ(batch->task(0).status().state, TransferState::kFailed);
-    EXPECT_FALSE(lane.connected());
-  }
-  close(*listen_fd);
+TEST_F(ClientLaneTest, EnqueueAfterShutdownAbortCompletesWithError) {
+  ClientLane lane(config_, &loop_, &path_, &owner_);
+  lane.Abort(Status(ErrorCode::kSocket, "shutting down"), /*reroute=*/false);
+  loop_.Stop();
+  Slice* slice = StartWrite();
+  ASSERT_NE(slice, nullptr);
+  lane.Enqueue({slice});
+  ASSERT_TRUE(batch_->WaitUntil(std::chrono::steady_clock::now() + std::chrono::seconds(2)));
+  EXPECT_EQ(batch_->task(0).status().state, TransferState::kFailed);
+  EXPECT_FALSE(lane.connected());
 }
 
 // The transport never connects (which can block) on an epoll thread; it tells them apart by this flag.
