@@ -134,6 +134,8 @@ class ReservedPuts:
         return _Block(reply, now)
 
     def _give_back(self, pref: tuple, block: _Block) -> None:
+        if block.cursor >= block.end:
+            return  # used up: the master dropped it with its last object
         extra = None
         with self._lock:
             blocks = self._pool.setdefault(pref, [])
