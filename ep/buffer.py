@@ -4,15 +4,20 @@
 Data path: every rank owns one engine-allocated buffer (shared memory for peers on this host, TCP otherwise)
 holding its receive slots and send staging. A call writes each peer's slots one-sidedly, then a per-source
 sequence number into the peer's flag array (a WRITE completes only after the bytes landed, so a flag always
-follows its data), and finally polls its own flags. No collective of the process group runs on the hot path;
-the group's store is used once, to exchange buffer addresses.
+follows its data), and finally polls its own flags. No collective of the process group runs on the hot path.
 
-Failures: waiting for a rank is bounded by `timeout_us` (-1: 10 s); a rank that does not deliver in time, or
-whose memory cannot be written, is set to 0 in `active_ranks` and skipped by later calls without waiting.
+Set-up (ep/peers.py): constructing a Buffer is collective over the group: the ranks trade mailbox addresses
+through the group's store, waiting for each other up to the store's timeout. The first dispatch sizes and
+registers the buffer and trades its address through the mailboxes, not the store, so a rank that exits after
+constructing its Buffer, even the one hosting the store, only becomes an inactive rank.
+
+Failures: waiting for a rank is bounded by `timeout_us` (-1: 10 s), the first dispatch's wait for the peers'
+records included; a rank that does not deliver in time, or whose memory cannot be written, is set to 0 in
+`active_ranks` and skipped by later calls without waiting.
 Inactive ranks' tokens are neither sent nor received; in combine, experts on inactive ranks contribute
 nothing (the remaining top-k weights are not renormalised). `update_ep_member()` re-reads the peers'
-registrations and re-activates ranks that answer again, including a replacement process that took over a
-lost rank (its Buffers created in the same order as on the other ranks).
+registrations (through the store, which it needs) and re-activates ranks that answer again, including a
+replacement process that took over a lost rank (its Buffers created in the same order as on the other ranks).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import ctypes
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import time
 
@@ -29,7 +35,9 @@ import torch
 import torch.distributed as dist
 
 from . import layout
+from . import peers
 
+_log = logging.getLogger("mooncake.ep")
 _BUFFER_IDS = itertools.count()
 _ENGINE = None  # mooncake.engine.TransferEngine, created on first use
 DEFAULT_TIMEOUT_US = 10_000_000
@@ -149,8 +157,11 @@ class Buffer:
 
     Arguments:
         group: the process group of the EP ranks (any backend; used only to learn ranks and for its store).
+            Every rank of the group constructs its Buffers in the same order; a constructor waits, up to the
+            store's timeout, for the other ranks' constructors (a rank that does not come starts inactive).
         num_ep_buffer_bytes: accepted for compatibility; the buffer is sized at the first dispatch from the
             actual token capacity, hidden size and expert count.
+    Raises RuntimeError when the store cannot be reached before any peer's address was learnt.
     """
 
     def __init__(self, group, num_ep_buffer_bytes: int = 0, disable_p2p: bool = False):
@@ -168,12 +179,20 @@ class Buffer:
         self._base = 0
         self._mem: torch.Tensor | None = None  # the whole registered buffer as bytes
         self._outputs: dict = {}  # (parity, fp8) -> reusable recv_x tensors
-        self._peers: list[dict] = []
+        self._peers: list[dict | None] = []  # per rank its buffer record, None while unknown (rank inactive)
         self._active = torch.ones(self.world, dtype=torch.int32)
         self._dispatch_seq = 0
         self._combine_seq = 0
         self._epoch = 0
         self._gpu = None  # GpuPath when the Buffer was set up with device tensors
+        self._mailbox = peers.Mailbox(self._engine, self.world, self.rank)
+        deadline = time.monotonic() + self._store.timeout.total_seconds()
+        self._introductions = peers.introduce(
+            self._store, f"mooncake_ep/{self._id}", self.rank, self.world,
+            {"segment": self._engine.get_local_segment_name(), "mailbox": self._mailbox.base}, deadline)
+        for r in range(self.world):
+            if r not in self._introductions:
+                self._active[r] = 0
 
     # ------------------------------------------------------------------ sizing and connection
 
@@ -184,27 +203,26 @@ class Buffer:
         e, t = num_experts, num_max_dispatch_tokens_per_rank
         return 4 * e * 4 + 4 * e * t * (32 + 2 * hidden)
 
-    def _key(self, rank: int) -> str:
-        return f"mooncake_ep/{self._id}/{self._shape}/{rank}"
-
-    def _connect(self, tokens: int, hidden: int, num_experts: int, device: torch.device) -> None:
+    def _set_up(self, tokens: int, hidden: int, num_experts: int, device: torch.device) -> bool:
+        """Sizes and registers the buffer for this shape and device kind on first use (False: it already was;
+        ValueError for another shape or device). The peers' records are learnt by the caller."""
         shape = (tokens, hidden, num_experts)
         if self._shape == shape:
             if (self._gpu is not None) != (device.type != "cpu" or _emulate_gpu()) or \
                     (self._gpu is not None and device != self._gpu.dev.torch_device):
                 raise ValueError(f"this Buffer was set up for tensors on "
                                  f"{self._gpu.dev.torch_device if self._gpu else 'cpu'}, got {device}")
-            return
+            return False
         if self._shape is not None:
             raise ValueError(f"this Buffer was set up for (tokens, hidden, experts) = {self._shape}; "
                              f"create another Buffer for {shape}")
-        self._shape = shape
-        self._layout = _Layout(self.world, num_experts // self.world, tokens, hidden)
-        self._base = self._engine.allocate_managed_buffer(self._layout.size)
-        if self._base == 0:
-            raise RuntimeError(f"mooncake.ep: cannot allocate {self._layout.size} bytes of registered memory")
-        ctypes.memset(self._base, 0, self._layout.size)
-        self._mem = torch.frombuffer((ctypes.c_uint8 * self._layout.size).from_address(self._base), dtype=torch.uint8)
+        lay = _Layout(self.world, num_experts // self.world, tokens, hidden)
+        base = self._engine.allocate_managed_buffer(lay.size)
+        if base == 0:
+            raise RuntimeError(f"mooncake.ep: cannot allocate {lay.size} bytes of registered memory")
+        ctypes.memset(base, 0, lay.size)
+        self._shape, self._layout, self._base = shape, lay, base
+        self._mem = torch.frombuffer((ctypes.c_uint8 * lay.size).from_address(base), dtype=torch.uint8)
         if device.type == "cuda" or _emulate_gpu():
             from .cuda.path import GpuPath  # imported on first use: the CPU path needs no device code
             try:
@@ -212,22 +230,36 @@ class Buffer:
             except Exception:
                 self._shape = self._layout = None  # nothing was published: a later call may try again
                 raise
-        self._publish()
-        self._peers = [self._lookup(r) for r in range(self.world)]
+        own = {"segment": self._engine.get_local_segment_name(), "base": self._base, "shape": list(shape)}
+        if self._gpu is not None:
+            own["gpu"] = self._gpu.info()
+        self._peers = [None] * self.world
+        self._peers[self.rank] = own
+        return True
+
+    def _connect(self, tokens: int, hidden: int, num_experts: int, device: torch.device, deadline: float) -> None:
+        """The first dispatch's set-up: registers the buffer and trades records with the active peers through
+        their mailboxes until `deadline`; a peer whose record does not come (or is for another shape), or that
+        cannot be written to, becomes inactive."""
+        if not self._set_up(tokens, hidden, num_experts, device):
+            return
+        own = self._peers[self.rank]
+        targets = {r: self._introductions[r] for r in range(self.world) if r != self.rank and self._active[r]}
+        records: dict[int, dict] = {}
+        try:
+            records, _ = self._mailbox.exchange(own, targets, deadline)
+        finally:  # even when the exchange raised: a rank without a record is inactive
+            for r in targets:
+                rec = records.get(r)
+                if rec is not None and rec.get("shape") != own["shape"]:
+                    _log.error("mooncake.ep: rank %d set this Buffer up for (tokens, hidden, experts) = %s, this "
+                               "rank for %s; it is left inactive", r, rec.get("shape"), own["shape"])
+                    rec = None
+                self._peers[r] = rec
+                if rec is None:
+                    self._active[r] = 0
         if self._gpu is not None:
             self._gpu.connect(self._peers)
-
-    def _publish(self) -> None:
-        info = {"segment": self._engine.get_local_segment_name(), "base": self._base}
-        if self._gpu is not None:
-            info["gpu"] = self._gpu.info()
-        self._store.set(self._key(self.rank), json.dumps(info))
-
-    def _lookup(self, rank: int) -> dict:
-        return json.loads(self._store.get(self._key(rank)))
-
-    def _read(self, key: str):
-        return json.loads(self._store.get(key)) if self._store.check([key]) else None
 
     def _sync_key(self, rank: int) -> str:
         return f"mooncake_ep/{self._id}/sync/{self._epoch}/{rank}"
@@ -238,7 +270,8 @@ class Buffer:
     def update_ep_member(self, timeout_s: float = 10.0) -> None:
         """Collective over the ranks that are alive: re-reads the registrations of the ranks that take part,
         re-activates them, and aligns the call counters (a rank that was stalled may be behind). Ranks that do
-        not call it within `timeout_s` stay inactive.
+        not call it within `timeout_s` stay inactive. It needs the group's store: raises
+        mooncake.ep.peers.StoreUnreachable (a RuntimeError) when the store does not answer.
 
         A Buffer that has not dispatched yet first takes the shape and device kind its peers were set up for and
         registers its memory: this is how a replacement process (creating its Buffers in the same order as the
@@ -247,52 +280,46 @@ class Buffer:
         # The round is one past the last one any rank completed: no rank completes the round this rank joins
         # before this rank's record is in (or it gave up waiting for it), so every caller picks the same round,
         # including a fresh Buffer that took part in none of the earlier ones.
-        self._epoch = max([self._epoch] + [self._read(self._synced_key(r)) or 0 for r in range(self.world)]) + 1
+        synced = peers.poll_store(self._store, {r: self._synced_key(r) for r in range(self.world)}, 0)
+        self._epoch = max([self._epoch, *synced.values()]) + 1
         if self._layout is None:
-            self._store.set(self._sync_key(self.rank), json.dumps({"shape": None}))
+            self._store_set(self._sync_key(self.rank), {"shape": None})
             peer = self._peer_setup(deadline)
             if peer is not None:
                 device = torch.device("cuda", torch.cuda.current_device()) if peer["device"] == "cuda" \
                     else torch.device("cpu")
-                self._connect(*peer["shape"], device)
+                self._set_up(*peer["shape"], device)
         if self._layout is not None:
             device = self._gpu.dev.torch_device.type if self._gpu is not None else "cpu"
-            self._store.set(self._sync_key(self.rank), json.dumps(
-                {"shape": list(self._shape), "device": device, "seq": [self._dispatch_seq, self._combine_seq]}))
+            self._store_set(self._sync_key(self.rank), {**self._peers[self.rank], "device": device,
+                                                        "seq": [self._dispatch_seq, self._combine_seq]})
             records = self._peer_records(deadline)
             for r in range(self.world):
                 if r in records:
-                    self._peers[r] = self._lookup(r)  # a replacement process registered new memory
+                    self._peers[r] = records[r]  # a replacement process registered new memory
                 self._active[r] = 1 if r in records else 0
             if self._gpu is not None:
                 self._gpu.connect(self._peers)
             self._dispatch_seq = max(rec["seq"][0] for rec in records.values())
             self._combine_seq = max(rec["seq"][1] for rec in records.values())
-        self._store.set(self._synced_key(self.rank), json.dumps(self._epoch))
+        self._store_set(self._synced_key(self.rank), self._epoch)
+
+    def _store_set(self, key: str, value) -> None:
+        try:
+            self._store.set(key, json.dumps(value))
+        except RuntimeError as e:
+            raise peers.StoreUnreachable(e, {}) from e
 
     def _peer_setup(self, deadline: float) -> dict | None:
         """The record of a peer in this round that is set up; None when no rank is (or none said so in time)."""
-        while True:
-            records = [self._read(self._sync_key(r)) for r in range(self.world)]
-            for rec in records:
-                if rec is not None and rec["shape"] is not None:
-                    return rec
-            if all(rec is not None for rec in records) or time.monotonic() > deadline:
-                return None
-            time.sleep(0.01)
+        records = peers.poll_store(self._store, {r: self._sync_key(r) for r in range(self.world)}, deadline,
+                                    enough=lambda got: any(rec["shape"] is not None for rec in got.values()))
+        return next((rec for rec in records.values() if rec["shape"] is not None), None)
 
     def _peer_records(self, deadline: float) -> dict[int, dict]:
         """The records of the ranks in this round set up for this Buffer's shape (their memory is registered)."""
-        records: dict[int, dict] = {}
-        while True:
-            for r in range(self.world):
-                if r not in records:
-                    rec = self._read(self._sync_key(r))
-                    if rec is not None and rec["shape"] == list(self._shape):
-                        records[r] = rec
-            if len(records) == self.world or time.monotonic() > deadline:
-                return records
-            time.sleep(0.01)
+        return peers.poll_store(self._store, {r: self._sync_key(r) for r in range(self.world)}, deadline,
+                                 accept=lambda rec: rec["shape"] == list(self._shape))
 
     # ------------------------------------------------------------------ helpers
 
@@ -318,30 +345,12 @@ class Buffer:
         finish by the deadline are deactivated."""
         batches = {}
         for r, items in writes.items():
-            if not items or not self._active[r]:
-                continue
-            peer = self._peers[r]
-            bid = self._engine.batch_transfer_async_write(
-                peer["segment"], [self._base + lo for lo, _, _ in items], [peer["base"] + ro for _, ro, _ in items],
-                [n for _, _, n in items])
-            if bid == 0:
-                self._active[r] = 0
-            else:
-                batches[r] = bid
-        while batches:
-            for r, bid in list(batches.items()):
-                status = self._engine.transfer_check_status(bid)
-                if status == 1:
-                    del batches[r]
-                elif status < 0:
-                    self._active[r] = 0
-                    del batches[r]
-            if batches and time.monotonic() > deadline:
-                for r in batches:
-                    self._active[r] = 0  # the transfer finishes (or fails) in the background
-                return
-            if batches:
-                time.sleep(20e-6)
+            if items and self._active[r]:
+                peer = self._peers[r]
+                batches[r] = (peer["segment"], [self._base + lo for lo, _, _ in items],
+                              [peer["base"] + ro for _, ro, _ in items], [n for _, _, n in items])
+        for r in peers.write_batches(self._engine, batches, deadline):
+            self._active[r] = 0
 
     def _signal(self, flag_offset: int, seq: int, targets: list[int], deadline: float) -> None:
         self._view(self._layout.send_flag, torch.int64, (1,))[0] = seq
@@ -393,7 +402,7 @@ class Buffer:
         self._check_tokens(x, topk_idx, t, num_experts)
         active = self._resolve_active(active_ranks)
         hidden = x.shape[1]
-        self._connect(t, hidden, num_experts, x.device)
+        self._connect(t, hidden, num_experts, x.device, self._deadline(timeout_us))
         lay = self._layout
         local = num_experts // self.world
         self._dispatch_seq += 1

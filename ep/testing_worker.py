@@ -1,9 +1,10 @@
-"""One rank of the multi-process EP tests (run by buffer_test.py and rejoin_test.py): checks dispatch/combine
-against a plain-torch reference that every rank computes for every other rank from shared seeds (no
+"""One rank of the multi-process EP tests (run by buffer_test.py, rejoin_test.py and early_exit_test.py): checks
+dispatch/combine against a plain-torch reference that every rank computes for every other rank from shared seeds (no
 communication needed).
 
 argv: rank world port scenario; prints one JSON line with its findings; exits non-zero on a failed check.
-The "rejoin" / "replacement" scenarios also take a folder (MC_EP_TEST_DIR) for signals to and from the test.
+The "rejoin" / "replacement" / "gone" scenarios also take a folder (MC_EP_TEST_DIR) for signals to and from the
+test.
 """
 
 import json
@@ -67,13 +68,16 @@ def expected_combine(rank, rnd, world, num_experts, active):
     return acc
 
 
-def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us):
-    """One dispatch + combine checked against the reference. With MC_EP_TEST_DEVICE=cuda, the tensors given to
-    the Buffer live on the GPU (active_ranks included); checks run on CPU copies."""
+def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us, between=None) -> dict:
+    """One dispatch + combine checked against the reference (`between()`, if given, runs after the dispatch's
+    checks); returns each call's seconds. With MC_EP_TEST_DEVICE=cuda, the tensors given to the Buffer live on
+    the GPU (active_ranks included); checks run on CPU copies."""
     x, idx, w = inputs(rank, rnd, world, num_experts)
     device_active = active.to(DEVICE)  # on CPU: `active` itself (.to and .cpu return the tensor unchanged)
+    t0 = time.monotonic()
     recv_x, count, handle, _, _ = buf.dispatch(x.to(DEVICE), idx.to(DEVICE), device_active, T, num_experts,
                                                timeout_us, use_fp8=use_fp8)
+    seconds = {"dispatch": time.monotonic() - t0}
     active.copy_(device_active.cpu())
     recv_x = tuple(t.cpu() for t in recv_x) if use_fp8 else recv_x.cpu()
     count = count.cpu()
@@ -90,14 +94,19 @@ def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us):
     y = recv_x if not use_fp8 else torch.stack(
         [layout.dequantize_fp8(recv_x[0][le], recv_x[1][le]) for le in range(local)])
     y = torch.stack([expert(y[le], le) for le in range(local)])
+    if between is not None:
+        between()
     device_active = active.to(DEVICE)
+    t0 = time.monotonic()
     combined, _, _ = buf.combine(y.to(DEVICE), idx.to(DEVICE), w.to(DEVICE), device_active, timeout_us, handle)
+    seconds["combine"] = time.monotonic() - t0
     active.copy_(device_active.cpu())
     combined = combined.cpu()
     ref = expected_combine(rank, rnd, world, num_experts, active)
     tol = 0.1 if use_fp8 else 0.02
     err = (combined.float() - ref).abs().max().item()
     assert err <= tol * max(1.0, ref.abs().max().item()), (rnd, err)
+    return seconds
 
 
 def wait_for_file(path: str, timeout_s: float) -> None:
@@ -198,10 +207,114 @@ def rejoin(rank: int, world: int, port: int, scenario: str) -> int:
     os._exit(0)  # the group lost a member on the way: skip its teardown
 
 
+GONE_TIMEOUT_US = 3_000_000  # the calls that lose the victim
+CALM_TIMEOUT_US = 30_000_000  # the others: far above any call's time on a loaded machine
+
+
+def gone(rank: int, world: int, port: int) -> int:
+    """Rank MC_EP_TEST_VICTIM leaves after constructing its Buffer (MC_EP_TEST_WHEN=dispatch) or between its
+    dispatch and its combine of a round (=combine), by os._exit (MC_EP_TEST_HOW=exit), by the test's SIGKILL
+    (=kill), or by staying alive without calling again until the survivors are done (=stall). The survivors' calls return within the timeout, set the victim to 0 in active_ranks and match the
+    reference without it; the next round skips it without waiting. When the victim is rank 0, which hosts the
+    store, update_ep_member() fails clearly and the Buffer goes on as before. With =construct, rank 0 leaves
+    before the Buffers are constructed: the survivors' constructors fail clearly (no peer can be learnt).
+
+    Files in MC_EP_TEST_DIR: the victim writes `ready` when it is about to leave (or to be killed); the test
+    writes `gone` once the victim's process ended. The ranks line up (`<step>.<rank>`) when their process group
+    is up (=construct) and before each round, so that a loaded machine does not make a healthy rank miss a short
+    timeout (the store may be gone, so files are the barrier); a survivor writes `done.<rank>` after its rounds
+    and exits when every survivor did (the others' last call may still write into its memory).
+    """
+    import datetime
+
+    from mooncake.ep.peers import StoreUnreachable
+
+    signals = os.environ["MC_EP_TEST_DIR"]
+    victim = int(os.environ["MC_EP_TEST_VICTIM"])
+    when, how = os.environ["MC_EP_TEST_WHEN"], os.environ["MC_EP_TEST_HOW"]
+    backend = os.environ.get("MC_EP_TEST_BACKEND", "mooncake-cpu")
+    if backend == "mooncake-cpu":
+        import mooncake.pg  # noqa: F401  (registers the backend)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    num_experts = 4 * world
+    active = torch.ones(world, dtype=torch.int32)
+    survivors = [r for r in range(world) if r != victim]
+    expected = [0 if r == victim else 1 for r in range(world)]
+
+    def leave():
+        touch(os.path.join(signals, "ready"))
+        if how == "exit":
+            os._exit(0)
+        if how == "stall":  # alive, but never comes to its next call
+            for r in survivors:
+                wait_for_file(os.path.join(signals, f"done.{r}"), 60)
+            os._exit(0)
+        time.sleep(60)  # killed here
+        os._exit(1)
+
+    def wait_until_gone():
+        wait_for_file(os.path.join(signals, "gone"), 60)
+
+    def line_up(name, ranks):
+        touch(os.path.join(signals, f"{name}.{rank}"))
+        for r in ranks:
+            wait_for_file(os.path.join(signals, f"{name}.{r}"), 60)
+
+    def finish(report):
+        line_up("done", survivors)
+        print(json.dumps(report), flush=True)
+        os._exit(0)  # the group lost a member: skip its teardown
+
+    report = {"rank": rank}
+    if when == "construct":
+        line_up("inited", range(world))
+        if rank == victim:
+            leave()
+        wait_until_gone()
+        t0 = time.monotonic()
+        try:
+            Buffer(dist.group.WORLD)
+            report["construct"] = "accepted"
+        except RuntimeError as e:
+            report["construct"] = str(e)
+        report["construct_seconds"] = time.monotonic() - t0
+        finish(report)
+    buf = Buffer(dist.group.WORLD)
+    if when == "dispatch":
+        if rank == victim:
+            leave()
+        wait_until_gone()
+        report["first"] = run_round(buf, rank, world, 0, num_experts, active, False, GONE_TIMEOUT_US)
+    else:
+        run_round(buf, rank, world, 0, num_experts, active, False, CALM_TIMEOUT_US)
+        assert active.tolist() == [1] * world, active
+        line_up("round1", range(world))
+        report["first"] = run_round(buf, rank, world, 1, num_experts, active, False, GONE_TIMEOUT_US,
+                                    between=leave if rank == victim else wait_until_gone)
+    report["active"] = active.tolist()
+    assert report["active"] == expected, report
+    line_up("round2", survivors)
+    report["next"] = run_round(buf, rank, world, 2, num_experts, active, True, CALM_TIMEOUT_US)
+    assert active.tolist() == expected, active
+    if victim == 0:
+        try:
+            buf.update_ep_member(timeout_s=10)
+            report["update"] = "accepted"
+        except StoreUnreachable as e:
+            report["update"] = str(e)
+        line_up("round3", survivors)
+        report["after_update"] = run_round(buf, rank, world, 3, num_experts, active, False, CALM_TIMEOUT_US)
+        assert active.tolist() == expected, active
+    finish(report)
+
+
 def main() -> int:
     rank, world, port, scenario = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     if scenario in ("rejoin", "replacement"):
         return rejoin(rank, world, port, scenario)
+    if scenario == "gone":
+        return gone(rank, world, port)
     backend = os.environ.get("MC_EP_TEST_BACKEND", "gloo")
     if backend == "mooncake-cpu":
         import mooncake.pg  # noqa: F401  (registers the backend)

@@ -8,14 +8,15 @@ import torch
 import torch.distributed as dist
 
 from .backend import TIMEOUTS_US, MooncakeBackend, MooncakeBackendOptions, MooncakeOpError, MooncakeWork
-from .transport import set_host_ip
+from .transport import set_host_ip, set_transfer_engine
 
 __all__ = [
     "MooncakeBackend", "MooncakeBackendOptions", "MooncakeOpError", "MooncakeWork", "ProposalStatus",
     "ProposeViewUpdateResponse", "SyncAfterFailureStatus", "SyncAfterFailureResponse", "activate_ranks",
     "deactivate_ranks", "get_active_ranks", "get_current_epoch", "get_failed_ranks_hint", "get_local_success",
     "get_num_synced_ranks", "get_peer_state", "join_group", "recover_ranks", "set_collective_timeout_us",
-    "set_fault_reconciliation_window_us", "set_host_ip", "set_p2p_timeout_us", "sync_after_failure",
+    "set_fault_reconciliation_window_us", "set_host_ip", "set_p2p_timeout_us", "set_transfer_engine",
+    "sync_after_failure",
 ]
 
 
@@ -68,12 +69,20 @@ def _backend(backend):
 
 
 # --- timeouts ------------------------------------------------------------------------------------------
+def _timeout_us(name, us):
+    if isinstance(us, bool) or not isinstance(us, int):
+        raise TypeError(f"mooncake pg: {name} takes an int (microseconds), got {type(us).__name__}")
+    if us <= 0:
+        raise ValueError(f"mooncake pg: {name} takes a positive number of microseconds, got {us}")
+    return us
+
+
 def set_collective_timeout_us(us):
-    TIMEOUTS_US["collective"] = int(us)
+    TIMEOUTS_US["collective"] = _timeout_us("set_collective_timeout_us", us)
 
 
 def set_p2p_timeout_us(us):
-    TIMEOUTS_US["p2p"] = int(us)
+    TIMEOUTS_US["p2p"] = _timeout_us("set_p2p_timeout_us", us)
 
 
 def set_fault_reconciliation_window_us(us):
@@ -109,16 +118,18 @@ def get_current_epoch(backend=None):
 
 
 def get_peer_state(backend, ranks):
-    """Local view (no communication) per rank: "Active", "Failed" (seen failing, not yet deactivated)
-    or "Inactive"."""
+    """Per rank of `ranks`, whether it is ready to take part (Mooncake's activation readiness): True for an
+    active rank not seen failing, and for an inactive one whose process created the group with
+    is_extension=True and answers a probe now (recover_ranks can activate it); False otherwise (a failed or
+    dead rank, an empty slot). ValueError for a rank outside the group's slots. Probes only inactive ranks."""
     b = _backend(backend)
-    states = []
-    for r in ranks:
-        if r in b.members.active:
-            states.append("Failed" if r in b.suspects else "Active")
-        else:
-            states.append("Inactive")
-    return states
+    ranks, err = _check_ranks(b, ranks)
+    if err:
+        raise ValueError(f"mooncake pg: get_peer_state: {err}")
+    with b._lock:
+        b.members.adopt_commits()
+        active, suspects = set(b.members.active), set(b.suspects)
+    return [r not in suspects if r in active else b.mesh.joiner_waiting(r) for r in ranks]
 
 
 # --- membership changes --------------------------------------------------------------------------------
@@ -144,6 +155,10 @@ def activate_ranks(backend, ranks):
     """Activate ranks (replacement processes waiting in join_group); call on a healthy member."""
     b = _backend(backend)
     ranks, err = _check_ranks(b, ranks)
+    beyond = [r for r in ranks if r >= b.size()]
+    if beyond and not err:  # the torch group's size is fixed when it is created
+        err = (f"rank(s) {beyond} are reserved slots beyond this group's {b.size()} ranks: only ranks of the "
+               "group can be activated")
     if err or b._rank not in b.members.active:
         return ProposeViewUpdateResponse(ProposalStatus.Rejected, b.members.epoch, [],
                                          err or "only an active rank can activate others")

@@ -33,31 +33,122 @@ class MooncakeOpError(RuntimeError):
         self.failed_ranks = sorted(failed_ranks)
 
 
-class MooncakeBackendOptions:
-    """MooncakeBackendOptions(max_group_size[, is_extension[, auto_deactivate_on_failure=True,
-    auto_sync_on_failure=True]]) or MooncakeBackendOptions(active_ranks: int tensor[, is_extension[,
-    max_group_size]]). auto_sync_on_failure needs auto_deactivate_on_failure."""
+def _flag(name, value):
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"mooncake pg: MooncakeBackendOptions {name} must be a bool, got {value!r}")
 
-    def __init__(self, first=None, is_extension=False, *rest, max_group_size=None, active_ranks=None,
-                 auto_deactivate_on_failure=True, auto_sync_on_failure=True):
-        if isinstance(first, torch.Tensor):
-            active_ranks = first
+
+def _slots(value):
+    """max_group_size / max_world_size: None, or an int (<= 0 means unset, as Mooncake's -1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"mooncake pg: MooncakeBackendOptions max_group_size must be an int, got {value!r}")
+    return value if value > 0 else None
+
+
+def _mask(t):
+    """The 0/1 entries of an active_ranks tensor (validated)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("mooncake pg: MooncakeBackendOptions takes max_group_size (an int) or active_ranks (a "
+                        f"torch.int32 tensor with a 0/1 entry per rank), got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"mooncake pg: active_ranks must be a torch.int32 tensor (a 0/1 entry per rank), got "
+                        f"{t.dtype}")
+    if t.dim() != 1 or t.numel() == 0:
+        raise ValueError("mooncake pg: active_ranks must be 1-D with one 0/1 entry per rank slot, got shape "
+                         f"{tuple(t.shape)}")
+    values = t.detach().cpu().tolist()
+    bad = [(i, v) for i, v in enumerate(values) if v not in (0, 1)]
+    if bad:
+        raise ValueError(f"mooncake pg: active_ranks is a mask (entry r is 1 when rank r is active, else 0), not "
+                         f"a list of ranks; (index, value) {bad[:8]} are neither 0 nor 1")
+    return values
+
+
+class MooncakeBackendOptions:
+    """pg_options of a Mooncake group, in Mooncake's two forms:
+
+        MooncakeBackendOptions(max_group_size[, is_extension[, auto_deactivate_on_failure=True,
+                               auto_sync_on_failure=True]])
+        MooncakeBackendOptions(active_ranks[, is_extension[, max_group_size]])
+
+    active_ranks: a 1-D torch.int32 tensor (any device), one entry per rank slot: 1 = the rank is active from
+    the start, 0 = a slot a process fills later (is_extension=True, join_group, then recover_ranks on a
+    healthy rank). Its length is the group size, or max_group_size when that is given; every non-extension
+    member must pass the same mask and be 1 in it. The group writes its view back into this tensor at each
+    change (entry r is 1 exactly while rank r is active), as Mooncake does.
+    max_group_size (keyword alias max_world_size): rank slots to reserve, at least the group size; <= 0 or
+    None means the group size. is_extension: this process joins an existing group; its collectives are local
+    only until join_group returns. auto_sync_on_failure needs auto_deactivate_on_failure.
+    Wrong types raise TypeError and bad values ValueError: here, or when the group is created for what
+    depends on the group size (the mask's length, this rank's entry)."""
+
+    def __init__(self, first=None, is_extension=False, *rest, max_group_size=None, max_world_size=None,
+                 active_ranks=None, auto_deactivate_on_failure=True, auto_sync_on_failure=True):
+        if isinstance(first, torch.Tensor) or (first is None and active_ranks is not None):
+            if first is not None and active_ranks is not None:
+                raise TypeError("mooncake pg: MooncakeBackendOptions got active_ranks twice")
+            active_ranks = first if first is not None else active_ranks
+            if len(rest) > 1:
+                raise TypeError("mooncake pg: MooncakeBackendOptions(active_ranks, is_extension, max_group_size) "
+                                f"takes at most 3 positional arguments, got {2 + len(rest)}")
             if rest:
                 max_group_size = rest[0]
         else:
+            if first is not None and (isinstance(first, bool) or not isinstance(first, int)):
+                _mask(first)  # raises the TypeError naming both forms
             max_group_size = first if first is not None else max_group_size
+            if len(rest) > 2:
+                raise TypeError("mooncake pg: MooncakeBackendOptions(max_group_size, is_extension, "
+                                "auto_deactivate_on_failure, auto_sync_on_failure) takes at most 4 positional "
+                                f"arguments, got {2 + len(rest)}")
             if rest:
                 auto_deactivate_on_failure = rest[0]
             if len(rest) > 1:
                 auto_sync_on_failure = rest[1]
-        if auto_sync_on_failure and not auto_deactivate_on_failure:
-            raise ValueError("MooncakeBackendOptions: auto_sync_on_failure requires auto_deactivate_on_failure")
-        self.max_group_size = max_group_size
-        self.is_extension = bool(is_extension)
-        self.active_ranks = None if active_ranks is None else [int(r) for r in torch.as_tensor(active_ranks)
-                                                               .reshape(-1).tolist()]
-        self.auto_deactivate_on_failure = auto_deactivate_on_failure
-        self.auto_sync_on_failure = auto_sync_on_failure
+        if max_world_size is not None:
+            if max_group_size is not None and max_group_size != max_world_size:
+                raise TypeError("mooncake pg: MooncakeBackendOptions got both max_group_size and max_world_size")
+            max_group_size = max_world_size
+        self.is_extension = _flag("is_extension", is_extension)
+        self.auto_deactivate_on_failure = _flag("auto_deactivate_on_failure", auto_deactivate_on_failure)
+        self.auto_sync_on_failure = _flag("auto_sync_on_failure", auto_sync_on_failure)
+        if self.auto_sync_on_failure and not self.auto_deactivate_on_failure:
+            raise ValueError("mooncake pg: MooncakeBackendOptions: auto_sync_on_failure requires "
+                             "auto_deactivate_on_failure")
+        self.max_group_size = _slots(max_group_size)
+        self.active_ranks = active_ranks  # the caller's tensor (kept: the view is written back into it)
+        self._mask = None if active_ranks is None else _mask(active_ranks)
+        if self._mask is not None and self.max_group_size is not None and len(self._mask) != self.max_group_size:
+            raise ValueError(f"mooncake pg: active_ranks has {len(self._mask)} entries but max_group_size is "
+                             f"{self.max_group_size}: with max_group_size the mask has one entry per slot")
+
+    def initial_view(self, rank, size):
+        """(rank slots, active group ranks at creation) for group rank `rank` of a group of `size` ranks;
+        ValueError for options that do not fit this group."""
+        slots = self.max_group_size or size
+        if slots < size:
+            raise ValueError(f"mooncake pg: max_group_size {slots} is smaller than the group ({size} ranks)")
+        if self._mask is None:
+            active = set(range(size))
+        else:
+            if len(self._mask) != slots:
+                raise ValueError(f"mooncake pg: active_ranks has {len(self._mask)} entries; this group has {size} "
+                                 f"ranks{f' and {slots} slots' if slots != size else ''}, so it needs {slots} "
+                                 "(one 0/1 entry per rank; pass max_group_size to reserve more slots)")
+            active = {r for r, v in enumerate(self._mask) if v}
+            beyond = sorted(r for r in active if r >= size)
+            if beyond:
+                raise ValueError(f"mooncake pg: active_ranks marks slot(s) {beyond} active, but this group has "
+                                 f"{size} ranks: reserved slots start inactive")
+        if self.is_extension:
+            return slots, {rank}
+        if rank not in active:
+            raise ValueError(f"mooncake pg: rank {rank} is 0 in active_ranks {self._mask}; a process that joins "
+                             "the group later is created with is_extension=True")
+        return slots, active
 
 
 class MooncakeWork(dist._Work):
@@ -162,27 +253,39 @@ class MooncakeBackend(dist.ProcessGroup):
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("mooncake pg: backend 'mooncake' needs CUDA, which is not available on this "
                                "machine (torch.cuda.is_available() is False); use backend='mooncake-cpu'")
-        options = options if isinstance(options, MooncakeBackendOptions) else MooncakeBackendOptions(size)
+        if options is None:
+            options = MooncakeBackendOptions(size)
+        elif not isinstance(options, MooncakeBackendOptions):
+            raise TypeError(f"mooncake pg: pg_options must be a mooncake.pg.MooncakeBackendOptions, got "
+                            f"{type(options).__name__}")
         self.options = options
         self.device = device
-        slots = max(options.max_group_size or size, size)
+        slots, active = options.initial_view(rank, size)
+        view = f"{slots}:{sorted(active)}"
+        if not options.is_extension:  # before the region is published: a peer that sees one sees the other
+            store.set(f"mcpg/view/{rank}", view)
         coll_slot = max(256 << 10, min(self.COLL_SLOT, (64 << 20) // (2 * slots)) & ~4095)
         timeout_s = lambda: TIMEOUTS_US["collective"] / 1e6  # noqa: E731 (read at each wait)
         self.mesh = Mesh(store, rank, slots, coll_slot, self.P2P_SLOT, timeout_s)
-        if options.is_extension:
-            active = {rank}
-        elif options.active_ranks is not None:
-            active = set(options.active_ranks)
-        else:
-            active = set(range(size))
         self.members = Membership(self.mesh, active, timeout_s)
-        if not options.is_extension:  # look the peers up now, while the store (in rank 0) surely lives
+        self.members.on_change = self._write_view
+        if options.is_extension:
+            self.mesh.announce_joiner()
+        else:  # look the peers up now, while the store (in rank 0) surely lives; they must share our view
             try:
                 for r in sorted(active - {rank}):
                     self.mesh.peer(r)
+                    theirs = store.get(f"mcpg/view/{r}").decode()
+                    if theirs != view:
+                        raise ValueError(f"mooncake pg: rank {rank} created the group with {view} (rank slots: "
+                                         f"active ranks), rank {r} with {theirs}: every member must pass the same "
+                                         "active_ranks / max_group_size")
             except PeerFailure as e:
                 self.mesh.close()
                 raise RuntimeError(f"mooncake pg: init of rank {rank}: {e}") from None
+            except ValueError:
+                self.mesh.close()
+                raise
         self.suspects = set()
         self._lock = threading.Lock()
         self._senders = None
@@ -190,6 +293,12 @@ class MooncakeBackend(dist.ProcessGroup):
 
     def getBackendName(self):
         return "mooncake"
+
+    def _write_view(self, active):
+        """Membership hook: mirror the view into the caller's active_ranks tensor (1 = active)."""
+        t = self.options.active_ranks
+        if t is not None:
+            t.copy_(torch.tensor([int(r in active) for r in range(t.numel())], dtype=torch.int32))
 
     # --- running operations ---------------------------------------------------------------------
     def _check(self, tensors):
@@ -212,6 +321,10 @@ class MooncakeBackend(dist.ProcessGroup):
             self.members.sync(self.suspects)
             self.suspects = set()
         if self._rank not in self.members.active:
+            if self.members.was_active:
+                raise RuntimeError(f"mooncake pg: rank {self._rank} is not active in epoch {self.members.epoch} "
+                                   f"(active: {sorted(self.members.active)}): the group deactivated it, so its "
+                                   "collectives cannot run until a healthy rank activates it again")
             return [self._rank]  # an extension before join_group: local-only collectives
         return sorted(self.members.active)
 

@@ -62,6 +62,8 @@ class Membership:
         self.done = 0  # collectives finished (failed ones included) in this epoch; counted by the backend
         self.owed = 0  # collectives the last sync failed that this rank has not reached yet (they fail at once)
         self.dropped = set()  # ranks the last sync dropped
+        self.was_active = self.rank in self.active  # false only for an extension not activated yet
+        self.on_change = None  # called with the new active set after each view change (the backend's hook)
 
     # --- reading the others' records --------------------------------------------------------------
     def _record(self, src):
@@ -96,7 +98,10 @@ class Membership:
         self.replaced |= joined
         self.epoch, self.active = epoch, set(active)
         self.done = 0  # operation numbers restart with the view (`owed` stays: it is counted before it)
+        self.was_active = self.was_active or self.rank in self.active
         self.mesh.new_epoch(epoch, replaced=joined)
+        if self.on_change is not None:
+            self.on_change(self.active)
 
     def adopt_commits(self):
         """Adopt the newest committed view written by any rank (called before each collective)."""

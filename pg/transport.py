@@ -1,8 +1,9 @@
 """Data plane of Mooncake PG: registered memory and sequence-numbered channels over the Transfer Engine.
 
 One TransferEngine per process (P2P handshake; same-host peers are reached by memcpy into their memfd
-buffers, others over TCP) with one registered arena from which every group carves its region, so a peer's
-cached segment descriptor stays valid when later groups are created.
+buffers, others over TCP; its own, or the caller's one given to set_transfer_engine) with one registered
+arena from which every group carves its region, so a peer's cached segment descriptor stays valid when
+later groups are created.
 
 A group region (`Mesh`) holds, per channel (0 = collectives, 1 = point-to-point) and per peer, two
 receive slots that the peer writes into, plus 64-byte flag lines the peers write sequence numbers into:
@@ -57,7 +58,7 @@ class ResyncRequested(PeerFailure):
 
 
 class _Process:
-    """The process-wide engine and arena (created on first use, kept until exit)."""
+    """The process-wide engine and arena (set up on first use, or by set_transfer_engine; kept until exit)."""
 
     lock = threading.Lock()
     engine = None
@@ -75,12 +76,37 @@ class _Process:
                 engine = TransferEngine()
                 if engine.initialize(cls.host_ip, "P2PHANDSHAKE", "tcp", "") != 0:
                     raise RuntimeError(f"mooncake pg: transfer engine failed to start on {cls.host_ip}")
-                arena = engine.allocate_managed_buffer(_ARENA_BYTES)
-                if not arena:
-                    raise RuntimeError(f"mooncake pg: cannot allocate a {_ARENA_BYTES}-byte registered arena")
-                cls.engine, cls.segment, cls.arena = engine, engine.get_local_segment_name(), arena
-                cls.free = [(0, _ARENA_BYTES)]
+                cls._start(engine)
             return cls
+
+    @classmethod
+    def adopt(cls, engine):
+        """Use the caller's engine (see set_transfer_engine)."""
+        from mooncake.engine import InnerTransferEngine, TransferEngine
+
+        if not isinstance(engine, TransferEngine):
+            hint = (" (pass the TransferEngine itself, not get_engine() / get_engine_ptr())"
+                    if isinstance(engine, (InnerTransferEngine, int)) else "")
+            raise TypeError(f"mooncake pg: set_transfer_engine takes a mooncake.engine.TransferEngine, got "
+                            f"{type(engine).__name__}{hint}")
+        with cls.lock:
+            if cls.engine is engine:
+                return
+            if cls.engine is not None:
+                raise RuntimeError("mooncake pg: set_transfer_engine must be called before the first Mooncake "
+                                   "process group of this process is created (it already uses another engine)")
+            if not engine.get_local_segment_name():
+                raise ValueError("mooncake pg: set_transfer_engine: the engine is not initialized (call "
+                                 'initialize(host, "P2PHANDSHAKE", protocol, device) first) or was closed')
+            cls._start(engine)
+
+    @classmethod
+    def _start(cls, engine):
+        arena = engine.allocate_managed_buffer(_ARENA_BYTES)
+        if not arena:
+            raise RuntimeError(f"mooncake pg: cannot allocate a {_ARENA_BYTES}-byte registered arena")
+        cls.engine, cls.segment, cls.arena = engine, engine.get_local_segment_name(), arena
+        cls.free = [(0, _ARENA_BYTES)]
 
     @classmethod
     def carve(cls, nbytes):
@@ -111,6 +137,16 @@ def set_host_ip(ip):
     """Address the engine advertises (before the first group is created; default 127.0.0.1)."""
     socket.inet_aton(ip)
     _Process.host_ip = ip
+
+
+def set_transfer_engine(engine):
+    """Run every Mooncake group of this process on `engine` (an initialized mooncake.engine.TransferEngine,
+    shared with the caller, e.g. SGLang's) instead of an engine of its own; call it before the first group is
+    created (again with the same engine: no-op). The registered arena (MC_PG_ARENA_BYTES) is allocated from
+    it. The caller keeps ownership: the engine must stay open while any group lives, and all members' engines
+    must reach each other (same metadata mode). TypeError for another object, ValueError for an engine that is
+    not initialized, RuntimeError once the groups already use another engine."""
+    _Process.adopt(engine)
 
 
 def np_view(addr, nbytes, dtype=np.uint8):
@@ -193,6 +229,25 @@ class Mesh:
                     raise PeerFailure([r], f"address lookup failed ({type(e).__name__}: {e})") from None
                 self.peers[r] = (segment, int(base))
             return self.peers[r]
+
+    def joiner_waiting(self, r):
+        """Whether a process that created this group as an extension (is_extension=True) has published rank
+        r's region and answers a probe now: it can be activated. Reads the store afresh (the cached address
+        may be a dead predecessor's); False when the store or the process cannot be reached."""
+        try:
+            if not self.store.check([f"mcpg/join/{r}"]):
+                return False
+            joiner = self.store.get(f"mcpg/join/{r}")
+            if joiner != self.store.get(f"mcpg/seg/{r}"):
+                return False  # a later process took the rank without joining
+            segment = joiner.decode().rsplit("@", 1)[0]
+        except Exception:  # noqa: BLE001 - the store is gone: nobody can join
+            return False
+        return self.engine.send_probe(segment, PROBE_TIMEOUT_MS) == 0
+
+    def announce_joiner(self):
+        """Mark this process as an extension waiting to be activated (see joiner_waiting)."""
+        self.store.set(f"mcpg/join/{self.rank}", f"{self.proc.segment}@{self.base}")
 
     def forget_peer(self, r):
         with self.peer_lock:

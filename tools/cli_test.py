@@ -98,8 +98,16 @@ def test_trace_stats(capsys, trace):
     assert code == 0 and json.loads(out)[0]["requests"] == 3
 
 
+def test_trace_names_read_the_shipped_traces(capsys, monkeypatch):
+    monkeypatch.delenv("MOONCAKE_TRACES_DIR", raising=False)
+    code, out, err = run(capsys, "trace-stats", "--trace", "conversation", "--trace", "synthetic", "--json")
+    assert code == 0, err
+    assert [(r["trace"], r["requests"]) for r in json.loads(out)] == [("conversation", 12031), ("synthetic", 3993)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["hitrate", "--trace", "/no/such/trace.jsonl"], "no such file"),
+    (["hitrate", "--trace", "toolagent"], r"no toolagent_trace\.jsonl\[\.gz\|\.xz\] in .*shipped: conversation"),
     (["hitrate", "--trace", "{bad}", "--capacity-tokens", "0"], "--capacity-tokens: must be > 0"),
     (["hitrate", "--trace", "{bad}"], r"bad\.jsonl:2: not valid JSON"),
     (["hitrate", "--trace", "{good}", "--capacity-tokens", "100"], "less than one 512-token block"),

@@ -1,5 +1,5 @@
 """Test helpers for the planning tools (test-only): tiny traces written to temporary files, and the released
-traces located like the tools do (skipping with the reason when they are absent)."""
+traces read from the copy shipped with the package."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import json
 import os
 from typing import Iterable
 
-import pytest
-
-from .trace import Trace, default_traces_dir, load_trace
+from .trace import SHIPPED_TRACES_DIR, Trace, load_trace
 
 
 def write_trace(path, rows: Iterable[dict]) -> str:
@@ -31,8 +29,5 @@ def make_trace(requests: list, block_size: int = 512, name: str = "t", timestamp
 
 
 def released_trace(name: str) -> Trace:
-    """A released trace (conversation, synthetic) from the traces folder; skips the test when it is absent."""
-    path = os.path.join(default_traces_dir(), f"{name}_trace.jsonl")
-    if not os.path.isfile(path):
-        pytest.skip(f"released trace {path} not found (set $MOONCAKE_TRACES_DIR to the folder holding it)")
-    return load_trace(path)
+    """A released trace (conversation, synthetic), always the shipped copy ($MOONCAKE_TRACES_DIR is ignored)."""
+    return load_trace(os.path.join(SHIPPED_TRACES_DIR, f"{name}_trace.jsonl.gz"))

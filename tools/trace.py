@@ -3,48 +3,86 @@
 Format (one JSON object per line, blank lines ignored): `timestamp` (ms from trace start), `input_length`,
 `output_length` (tokens) and `hash_ids` (prefix-chained ids of `block_size`-token blocks, ids local to the file).
 A line must satisfy len(hash_ids) <= ceil(input_length / block_size); a longer list means the block size is wrong.
+Files may be gzip- or xz-compressed (recognised by their first bytes, whatever their name).
 
-Traces are located by path or by short name (`conversation` -> `<dir>/conversation_trace.jsonl`), where <dir> is
-$MOONCAKE_TRACES_DIR, else `../shared/traces` next to the repository root (where CI puts a copy).
+Traces are located by path or by short name (`conversation` -> `<dir>/conversation_trace.jsonl[.gz|.xz]`), where
+<dir> is $MOONCAKE_TRACES_DIR when set, then the `traces/` folder next to this file: the released traces ship
+there (`conversation`, `synthetic`, gzip-compressed), in the source tree and in the installed package alike.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import IO, Sequence
 
 from .common import ToolError
 
+try:
+    import lzma
+except ImportError:  # a Python built without liblzma reads every trace but xz-compressed ones
+    lzma = None
+
 DEFAULT_BLOCK_SIZE = 512
 TRACES_DIR_ENV = "MOONCAKE_TRACES_DIR"
-KNOWN_TRACES = ("conversation", "synthetic", "toolagent")
+# abspath, not realpath: under Bazel the shipped traces are runfiles next to this file's runfiles link.
+SHIPPED_TRACES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
+SHIPPED_TRACES = ("conversation", "synthetic")
+_NAME_SUFFIXES = ("_trace.jsonl", "_trace.jsonl.gz", "_trace.jsonl.xz")
+_GZIP_MAGIC = b"\x1f\x8b"
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+# What reading a corrupt or truncated gzip/xz file raises.
+_DECOMPRESSION_ERRORS = (gzip.BadGzipFile, zlib.error, EOFError) + ((lzma.LZMAError,) if lzma else ())
 
 
-def default_traces_dir() -> str:
-    """$MOONCAKE_TRACES_DIR, else <repo root>/../shared/traces (repo root found from this file's real path)."""
+def trace_dirs() -> list[str]:
+    """The folders a trace name is looked up in, in order: $MOONCAKE_TRACES_DIR (when set), the shipped traces."""
     env = os.environ.get(TRACES_DIR_ENV)
-    if env:
-        return env
-    repo_root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    return os.path.normpath(os.path.join(repo_root, "..", "shared", "traces"))
+    return [env, SHIPPED_TRACES_DIR] if env else [SHIPPED_TRACES_DIR]
 
 
 def resolve_trace_path(spec: str) -> str:
     """Maps a trace name (`conversation`, `synthetic`, ...) or a path to an existing file path.
+
+    A name is a spec without a path separator or a .jsonl/.json/.gz/.xz ending; the first of
+    `<dir>/<name>_trace.jsonl`, `.jsonl.gz`, `.jsonl.xz` that exists in the folders of `trace_dirs()` wins.
 
     Raises:
       ToolError: no such file.
     """
     if os.path.isfile(spec):
         return spec
-    if os.sep not in spec and not spec.endswith((".jsonl", ".json")):
-        candidate = os.path.join(default_traces_dir(), f"{spec}_trace.jsonl")
-        if os.path.isfile(candidate):
-            return candidate
-        raise ToolError(f"trace {spec!r}: not a file, and no {candidate} (set ${TRACES_DIR_ENV})")
+    if os.sep not in spec and not spec.endswith((".jsonl", ".json", ".gz", ".xz")):
+        dirs = trace_dirs()
+        for d in dirs:
+            for suffix in _NAME_SUFFIXES:
+                candidate = os.path.join(d, spec + suffix)
+                if os.path.isfile(candidate):
+                    return candidate
+        raise ToolError(f"trace {spec!r}: not a file, and no {spec}_trace.jsonl[.gz|.xz] in {' or '.join(dirs)} "
+                        f"(shipped: {', '.join(SHIPPED_TRACES)}; set ${TRACES_DIR_ENV} to add a folder)")
     raise ToolError(f"trace {spec!r}: no such file")
+
+
+def _open_text(path: str) -> IO[str]:
+    """Opens a trace for reading text lines, decompressing gzip or xz files (told by their magic bytes).
+
+    Raises:
+      OSError: the file cannot be opened.
+      ToolError: an xz file, and this Python has no lzma module.
+    """
+    with open(path, "rb") as f:
+        magic = f.read(len(_XZ_MAGIC))
+    if magic.startswith(_GZIP_MAGIC):
+        return gzip.open(path, "rt", encoding="utf-8")
+    if magic == _XZ_MAGIC:
+        if lzma is None:
+            raise ToolError(f"trace {path}: xz-compressed, and this Python has no lzma module")
+        return lzma.open(path, "rt", encoding="utf-8")
+    return open(path, "r", encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -101,6 +139,8 @@ def load_trace(spec: str, block_size: int = DEFAULT_BLOCK_SIZE, name: str | None
     path = resolve_trace_path(spec)
     if name is None:
         base = os.path.basename(path)
+        if base.endswith((".gz", ".xz")):
+            base = base[:-3]
         for suffix in ("_trace.jsonl", ".jsonl", ".json"):
             if base.endswith(suffix):
                 base = base[: -len(suffix)]
@@ -108,7 +148,7 @@ def load_trace(spec: str, block_size: int = DEFAULT_BLOCK_SIZE, name: str | None
         name = base
     ts, ins, outs, ids = [], [], [], []
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with _open_text(path) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -132,8 +172,10 @@ def load_trace(spec: str, block_size: int = DEFAULT_BLOCK_SIZE, name: str | None
                 outs.append(_field(obj, "output_length", where))
                 ins.append(n_in)
                 ids.append(blocks)
+    except _DECOMPRESSION_ERRORS as e:
+        raise ToolError(f"trace {path}: corrupt or truncated compressed file ({e})") from None
     except OSError as e:
-        raise ToolError(f"trace {path}: {e.strerror}") from None
+        raise ToolError(f"trace {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ToolError(f"trace {path}: not a UTF-8 text file") from None
     if not ins:
@@ -177,7 +219,8 @@ def add_trace_arguments(parser, merge_help: str | None = None) -> None:
     """Adds --trace (repeatable, required), --block-size and, when `merge_help` is given, --merge to an argparse
     parser."""
     parser.add_argument("--trace", action="append", required=True, metavar="NAME|PATH",
-                        help="trace file, or a name in the traces folder (conversation, synthetic); repeatable")
+                        help="trace file (JSONL, may be gzip/xz-compressed), or a name: conversation, synthetic "
+                             f"(shipped) or NAME_trace.jsonl in ${TRACES_DIR_ENV}; repeatable")
     parser.add_argument("--block-size", metavar="TOKENS", default=str(DEFAULT_BLOCK_SIZE),
                         help=f"tokens per hash_ids block of the trace (default {DEFAULT_BLOCK_SIZE})")
     if merge_help is not None:

@@ -77,9 +77,10 @@ class GpuPath:
         self.dev.free(self.base)
 
     def connect(self, peers: list[dict]) -> None:
-        """Maps the device buffers of same-host peers (again, when a peer was replaced by a new process)."""
+        """Maps the device buffers of same-host peers (again, when a peer was replaced by a new process); a None
+        entry (a rank whose record is unknown, hence inactive) maps nothing."""
         for r, peer in enumerate(peers):
-            gpu = peer.get("gpu")
+            gpu = peer.get("gpu") if peer is not None else None
             if r == self.buf.rank:
                 self._peer_base[r], self._peer_handle[r] = self.base, "self"
                 continue

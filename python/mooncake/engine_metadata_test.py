@@ -1,7 +1,11 @@
-"""etcd and Redis metadata backends, against real etcd and redis-server processes."""
+"""etcd and Redis metadata backends, against real etcd and redis-server processes (and, where the behaviour
+is common to every key-value backend, the HTTP metadata server)."""
 
+import hashlib
 import json
 import os
+import signal
+import subprocess
 import time
 
 import numpy as np
@@ -17,6 +21,50 @@ TTL = 2  # seconds; MC_METADATA_LEASE_TTL for engines whose keys must expire qui
 @pytest.fixture(scope="module", params=["etcd", "redis"])
 def service(request):
     svc = Etcd() if request.param == "etcd" else Redis()
+    svc.scheme = request.param
+    yield svc
+    svc.close()
+
+
+class _Http:
+    """The HTTP metadata server behind the same small interface as testing.services.Etcd/Redis."""
+
+    scheme = "http"
+
+    def __init__(self):
+        from mooncake.http_metadata_server import HttpMetadataServer
+
+        self.server = HttpMetadataServer("127.0.0.1", 0).start()
+        self.endpoint = f"127.0.0.1:{self.server.port}/metadata"
+
+    def get(self, key):
+        value = self.server.store.get(key)
+        return value.decode() if value is not None else None
+
+    def keys(self):
+        return self.server.store.keys()
+
+    def put(self, key, value):
+        self.server.store.set(key, value.encode())  # as another engine's PUT (rpc_meta: after a delete)
+
+    def close(self):
+        self.server.stop()
+
+
+def put(svc, key, value):
+    """Writes a key the way another engine would (no lease / TTL)."""
+    if isinstance(svc, _Http):
+        svc.put(key, value)
+    elif isinstance(svc, Etcd):
+        subprocess.run(["etcdctl", "--endpoints", svc.endpoint, "put", key, value], check=True,
+                       capture_output=True, env={**os.environ, "ETCDCTL_API": "3"})
+    else:
+        subprocess.run(["redis-cli", "-p", str(svc.port), "SET", key, value], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module", params=["http", "etcd", "redis"])
+def any_service(request):
+    svc = _Http() if request.param == "http" else Etcd() if request.param == "etcd" else Redis()
     svc.scheme = request.param
     yield svc
     svc.close()
@@ -119,3 +167,200 @@ def test_restarted_http_metadata_server_is_repopulated():
         assert second.store.keys() == []  # a clean exit still removes them
     finally:
         second.stop()
+
+
+def _reachable(svc, name, size):
+    """A fresh engine finds `name` through the metadata and moves bytes to it."""
+    engine = TransferEngine()
+    try:
+        assert engine.initialize("127.0.0.1:32199", url(svc), "tcp", "") == 0
+        buf = np.frombuffer(pattern(size, 7).tobytes(), dtype=np.uint8).copy()
+        assert engine.register_memory(buf.ctypes.data, buf.nbytes) == 0
+        first = engine.get_first_buffer_address(name)
+        assert first != 0
+        assert engine.transfer_sync_write(name, buf.ctypes.data, first, size) == 0
+        return first
+    finally:
+        engine.close()
+
+
+def test_failed_initialize_leaves_the_live_owners_keys(any_service):
+    """A second engine under a live engine's name fails to initialize and removes nothing of the first's: new
+    peers still find and reach the live one."""
+    svc = any_service
+    owner = EnginePeer(url(svc), "127.0.0.1:32101", 4096)
+    try:
+        keys = {k: svc.get(k) for k in ("mooncake/ram/127.0.0.1:32101", "mooncake/rpc_meta/127.0.0.1:32101")}
+        assert all(keys.values())
+        twin = TransferEngine()
+        assert twin.initialize("127.0.0.1:32101", url(svc), "tcp", "") == -1
+        twin.close()
+        assert {k: svc.get(k) for k in keys} == keys  # untouched
+        assert _reachable(svc, owner.segment, 4096) == owner.buffer
+        assert owner.digest(0, 4096) == hashlib.sha256(pattern(4096, 7)).hexdigest()
+    finally:
+        owner.close()
+    assert not [k for k in svc.keys() if "32101" in k]
+
+
+def test_restart_under_a_dead_engines_name_takes_it_over(any_service):
+    """An engine restarted under the name of its SIGKILLed predecessor (whose keys are still there: the HTTP
+    server keeps them forever, etcd/Redis until their TTL) initializes, and peers reach the new one."""
+    svc = any_service
+    dead = EnginePeer(url(svc), "127.0.0.1:32111", 4096)
+    dead.kill()
+    stale = svc.get("mooncake/rpc_meta/127.0.0.1:32111")
+    assert stale is not None
+    t0 = time.monotonic()
+    heir = EnginePeer(url(svc), "127.0.0.1:32111", 8192)
+    try:
+        assert time.monotonic() - t0 < 8
+        rpc = json.loads(svc.get("mooncake/rpc_meta/127.0.0.1:32111"))
+        assert rpc["rpc_port"] == heir.info["rpc_port"] != json.loads(stale)["rpc_port"]
+        assert _reachable(svc, heir.segment, 8192) == heir.buffer
+        assert heir.digest(0, 8192) == hashlib.sha256(pattern(8192, 7)).hexdigest()
+    finally:
+        heir.close()
+    assert not [k for k in svc.keys() if "32111" in k]
+
+
+def test_a_stopped_owner_still_holds_its_name(any_service):
+    """An owner that does not answer (SIGSTOP) is not proven gone: the name stays its own, and it serves again
+    once resumed."""
+    svc = any_service
+    owner = EnginePeer(url(svc), "127.0.0.1:32121", 4096)
+    try:
+        before = svc.get("mooncake/rpc_meta/127.0.0.1:32121")
+        owner.stop()
+        os.environ["MC_HANDSHAKE_CONNECT_TIMEOUT"] = "1"
+        try:
+            twin = TransferEngine()
+            assert twin.initialize("127.0.0.1:32121", url(svc), "tcp", "") == -1
+            twin.close()
+        finally:
+            del os.environ["MC_HANDSHAKE_CONNECT_TIMEOUT"]
+            owner.stop(signal.SIGCONT)
+        assert svc.get("mooncake/rpc_meta/127.0.0.1:32121") == before
+        assert _reachable(svc, owner.segment, 4096) == owner.buffer
+    finally:
+        owner.close()
+
+
+def test_restart_at_the_same_address_keeps_the_name_alive(service):
+    """An engine restarted at its predecessor's very address finds its own rpc_meta value there: it adopts
+    the entry (binds it to its own lease / TTL), so the name outlives the dead engine's lease and stays
+    claimed against newcomers."""
+    port = free_port()
+    name = f"127.0.0.1:{port}"
+    env = {"MC_METADATA_LEASE_TTL": str(TTL), "MC_LEGACY_RPC_PORT_BINDING": "1"}
+    EnginePeer(url(service), name, 4096, env=env).kill()
+    heir = EnginePeer(url(service), name, 8192, env=env)
+    try:
+        assert heir.info["rpc_port"] == port
+        time.sleep(TTL * 3)  # the dead engine's lease / TTL is long gone
+        assert json.loads(service.get(f"mooncake/rpc_meta/{name}"))["rpc_port"] == port
+        assert service.get(f"mooncake/ram/{name}") is not None
+        twin = TransferEngine()
+        assert twin.initialize(name, url(service), "tcp", "") == -1  # the name is claimed by a live engine
+        twin.close()
+        assert _reachable(service, name, 8192) == heir.buffer
+    finally:
+        heir.close()
+    assert not [k for k in service.keys() if str(port) in k]
+
+
+def test_restart_at_the_same_address_is_republished_after_an_http_server_restart():
+    """The same on HTTP: the adopted entry is the engine's own, so it is written back after the (in-memory)
+    metadata server restarts."""
+    from mooncake.http_metadata_server import HttpMetadataServer
+
+    port = free_port()
+    name = f"127.0.0.1:{port}"
+    env = {"MC_METADATA_LEASE_TTL": str(TTL), "MC_LEGACY_RPC_PORT_BINDING": "1"}
+    first = HttpMetadataServer("127.0.0.1", 0).start()
+    http_port = first.port
+    EnginePeer(first.url, name, 4096, env=env).kill()
+    heir = EnginePeer(first.url, name, 4096, env=env)
+    first.stop()
+    second = HttpMetadataServer("127.0.0.1", http_port).start()
+    try:
+        assert wait_until(lambda: second.store.get(f"mooncake/rpc_meta/{name}") is not None and
+                          second.store.get(f"mooncake/ram/{name}") is not None, TTL * 4 + 5)
+    finally:
+        heir.close()
+        second.stop()
+
+
+def test_an_engine_that_lost_its_name_stops_publishing(any_service):
+    """Once another engine holds our rpc_meta entry, our descriptor is never written over its one: publishing
+    fails (register/unregister report it) and the new owner's descriptor stays."""
+    svc = any_service
+    name = "127.0.0.1:32141"
+    owner = EnginePeer(url(svc), name, 4096, env={"MC_METADATA_LEASE_TTL": str(TTL)})
+    try:
+        heir_rpc = json.dumps({"ip_or_host_name": "127.0.0.1", "rpc_port": free_port()})
+        heir_desc = json.dumps({"name": name, "buffers": [], "heir": True})
+        put(svc, f"mooncake/rpc_meta/{name}", heir_rpc)  # another engine took the name over
+        put(svc, f"mooncake/ram/{name}", heir_desc)
+        assert owner.call("unregister")["rc"] != 0
+        assert owner.call("register")["rc"] != 0
+        time.sleep(TTL * 2)  # keep-alive / re-publication rounds must not write it back either
+        assert svc.get(f"mooncake/ram/{name}") == heir_desc
+        assert svc.get(f"mooncake/rpc_meta/{name}") == heir_rpc
+    finally:
+        owner.close()
+    assert svc.get(f"mooncake/ram/{name}") == heir_desc  # a clean exit removes only what is still ours
+    assert svc.get(f"mooncake/rpc_meta/{name}") == heir_rpc
+
+
+def test_a_stale_entry_that_leads_to_ourselves_is_taken_over(any_service):
+    """A stale entry with another address of this host and our own RPC port reaches our own server: that is
+    no live owner (we hold the port), so the name is taken over."""
+    svc = any_service
+    port = free_port()
+    name = f"127.0.0.1:{port}"
+    put(svc, f"mooncake/rpc_meta/{name}", json.dumps({"ip_or_host_name": "127.0.0.2", "rpc_port": port}))
+    engine = EnginePeer(url(svc), name, 4096, env={"MC_LEGACY_RPC_PORT_BINDING": "1"})
+    try:
+        assert json.loads(svc.get(f"mooncake/rpc_meta/{name}")) == {"ip_or_host_name": "127.0.0.1",
+                                                                    "rpc_port": port}
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("entry", [
+    {"ip_or_host_name": "127.0.0.1", "rpc_port": 70000},  # no such port (not truncated to 4464)
+    {"ip_or_host_name": "127.0.0.1", "rpc_port": 0},
+    {"ip_or_host_name": "", "rpc_port": 1234},
+])
+def test_malformed_rpc_entries_are_replaced(any_service, entry):
+    svc = any_service
+    name = "127.0.0.1:32151"
+    put(svc, f"mooncake/rpc_meta/{name}", json.dumps(entry))
+    engine = TransferEngine()
+    try:
+        assert engine.initialize(name, url(svc), "tcp", "") == 0
+        assert json.loads(svc.get(f"mooncake/rpc_meta/{name}"))["rpc_port"] == engine.get_rpc_port()
+    finally:
+        engine.close()
+
+
+def test_redis_without_scripting_keeps_and_releases_keys():
+    """Where Redis refuses EVAL (ACL -@scripting), keys are still kept alive past their TTL, taken over and
+    removed, with WATCH/MULTI transactions instead."""
+    with Redis() as redis:
+        redis.scheme = "redis"
+        assert redis._cli("ACL", "SETUSER", "default", "-@scripting") == "OK"
+        assert redis._cli("EVAL", "return 1", "0").startswith("NOPERM")
+        env = {"MC_METADATA_LEASE_TTL": str(TTL)}
+        dead = EnginePeer(url(redis), "127.0.0.1:32161", 4096, env=env)
+        dead.kill()
+        peer = EnginePeer(url(redis), "127.0.0.1:32161", 4096, env=env)  # takes the dead one's name over
+        try:
+            time.sleep(TTL * 2.5)
+            assert redis.get("mooncake/ram/127.0.0.1:32161") is not None
+            assert json.loads(redis.get("mooncake/rpc_meta/127.0.0.1:32161"))["rpc_port"] == peer.info["rpc_port"]
+            assert _reachable(redis, peer.segment, 4096) == peer.buffer
+        finally:
+            peer.close()
+        assert not redis.keys()

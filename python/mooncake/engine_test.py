@@ -230,12 +230,65 @@ def test_managed_buffers(local, peer):
     assert engine.transfer_sync_write(peer.segment, addrs[2], peer.buffer, len(data)) == 0
     assert peer.digest(0, len(data)) == hashlib.sha256(data).hexdigest()
     assert engine.read_bytes_from_buffer(addrs[2], 16) == data[:16]
-    with pytest.raises(ValueError):
-        engine.read_bytes_from_buffer(16, 16)  # not registered: an error, never a crash
-    with pytest.raises(ValueError):
-        engine.write_bytes_to_buffer(16, b"x" * 16, 16)
     for a, n in zip(addrs, sizes):
         assert engine.free_managed_buffer(a, n) == 0
+
+
+def _libc_mmap(pages, prot):
+    """`pages` anonymous pages with protection `prot` (mmap.PROT_*); returns (address, munmap)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    size = pages * mmap.PAGESIZE
+    addr = libc.mmap(None, size, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    return addr, lambda: libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+
+
+def test_byte_helpers_copy_on_any_mapping_and_never_crash():
+    """write_bytes_to_buffer / read_bytes_from_buffer are plain copies on any memory of the process (Mooncake):
+    unregistered staging memory works, with or without initialize(); an unmapped, read-only or PROT_NONE address
+    is a ValueError and nothing is written."""
+    import mmap
+
+    engine = TransferEngine()  # never initialized: the helpers do not need it
+    staging = np.zeros(1 << 20, dtype=np.uint8)  # never registered
+    data = bytes(pattern(1 << 20, 21))
+    assert engine.write_bytes_to_buffer(staging.ctypes.data, data, len(data)) == 0
+    assert sha(staging) == hashlib.sha256(data).hexdigest()
+    assert engine.read_bytes_from_buffer(staging.ctypes.data + 5, 100) == data[5:105]
+    assert engine.read_bytes_from_buffer(staging.ctypes.data, 0) == b""
+    ro, unmap_ro = _libc_mmap(1, mmap.PROT_READ)
+    none, unmap_none = _libc_mmap(1, 0)  # PROT_NONE
+    gone, unmap_gone = _libc_mmap(1, mmap.PROT_READ | mmap.PROT_WRITE)
+    unmap_gone()
+    try:
+        assert engine.read_bytes_from_buffer(ro, 16) == bytes(16)  # reading read-only memory is fine
+        with pytest.raises(ValueError, match="not writable"):
+            engine.write_bytes_to_buffer(ro, b"x" * 16, 16)
+        assert engine.read_bytes_from_buffer(ro, 16) == bytes(16)
+        with pytest.raises(ValueError, match="not readable"):
+            engine.read_bytes_from_buffer(none, 16)
+        with pytest.raises(ValueError):
+            engine.write_bytes_to_buffer(none, b"x" * 16, 16)
+        for addr in (gone, 16):
+            with pytest.raises(ValueError, match="not mapped"):
+                engine.read_bytes_from_buffer(addr, 16)
+            with pytest.raises(ValueError, match="not mapped"):
+                engine.write_bytes_to_buffer(addr, b"x" * 16, 16)
+        with pytest.raises(ValueError, match="not mapped"):
+            engine.read_bytes_from_buffer(staging.ctypes.data, 1 << 62)  # runs far past the mapping
+        with pytest.raises(ValueError, match="too large"):
+            engine.read_bytes_from_buffer(staging.ctypes.data, 1 << 63)
+        with pytest.raises(ValueError):
+            engine.write_bytes_to_buffer(staging.ctypes.data, b"x", 2)  # longer than the bytes given
+    finally:
+        unmap_ro()
+        unmap_none()
+    assert sha(staging) == hashlib.sha256(data).hexdigest()  # the failed writes changed nothing
 
 
 def test_uninitialized_engine_and_bad_metadata():

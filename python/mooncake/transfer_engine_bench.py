@@ -4,7 +4,8 @@ Modes:
   demo      (default) embedded HTTP metadata server + a target engine in a second process; moves and
             verifies >= 1 GiB over TCP on 127.0.0.1 and prints sizes, GB/s and latency.
   compare   the benchmark: TE write/read vs a plain single-stream TCP socket doing the same work, interleaved
-            in one run, plus single-core memcpy and the CPU a thread uses while it waits for a transfer.
+            in one run, plus single-core memcpy and the CPU a thread uses while it waits for a transfer, and
+            same-host transfers between two processes vs memcpy (--same_host_only: that table alone).
   target    serve a registered buffer (Mooncake's flags) until stdin closes or Ctrl-C.
   initiator drive load against a target (Mooncake's flags: --segment_id --operation --batch_size ...).
 """
@@ -14,8 +15,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import mmap
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -68,12 +71,15 @@ def env_var(name: str, value: str | None):
 
 
 class Endpoint:
-    """An initialized engine with one registered buffer. force_tcp keeps same-host peers on TCP."""
+    """An initialized engine with one registered buffer. force_tcp keeps same-host peers on TCP; copy_threads
+    sets MC_SHM_COPY_THREADS (threads per same-host copy) for this engine."""
 
     def __init__(self, name: str, metadata: str, size: int, protocol: str = "tcp", device: str = "",
-                 force_tcp: bool = False):
+                 force_tcp: bool = False, copy_threads: int | None = None):
         self.engine = TransferEngine()
-        with env_var("MC_FORCE_TCP", "1" if force_tcp else os.environ.get("MC_FORCE_TCP")):
+        threads = str(copy_threads) if copy_threads else os.environ.get("MC_SHM_COPY_THREADS")
+        with env_var("MC_FORCE_TCP", "1" if force_tcp else os.environ.get("MC_FORCE_TCP")), \
+                env_var("MC_SHM_COPY_THREADS", threads):
             rc = self.engine.initialize(name, metadata, protocol, device)  # reads MC_* now
         if rc != 0:
             raise SystemExit(f"error: could not initialize the engine '{name}' with metadata '{metadata}' "
@@ -86,6 +92,30 @@ class Endpoint:
         self.addr = self.buffer.ctypes.data
 
 
+def anonymous_buffer(size: int, huge: bool) -> np.ndarray:
+    """Private anonymous memory, as malloc gives a large allocation (what users register), with every page
+    touched: 4 KiB pages (MADV_NOHUGEPAGE) or transparent huge pages where the kernel grants them
+    (MADV_HUGEPAGE, before the first touch). The returned view keeps the mapping alive."""
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    view = np.frombuffer(m, dtype=np.uint8)
+    view[::4096] = 1
+    return view
+
+
+def huge_page_kib(addr: int) -> int:
+    """AnonHugePages (KiB) of this process's mapping that holds addr."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                inside = int(m.group(1), 16) <= addr < int(m.group(2), 16)
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
 # --------------------------------------------------------------------------------------------------------
 # target
 
@@ -95,6 +125,15 @@ def run_target(args) -> int:
     info = {"segment": ep.name, "buffer": ep.addr, "size": args.buffer_size}
     if args.managed_size:  # engine-allocated (memfd) memory that same-host peers map
         info["managed"] = ep.engine.allocate_managed_buffer(args.managed_size)
+    page_buffers = []  # registered until this process exits
+    if args.page_buffers_size:  # ordinary registered memory, once with 4 KiB pages and once with huge pages
+        for key, huge in (("pages_4k", False), ("pages_huge", True)):
+            view = anonymous_buffer(args.page_buffers_size, huge)
+            if ep.engine.register_memory(view.ctypes.data, view.nbytes) != 0:
+                raise SystemExit(f"error: could not register {human(view.nbytes)}")
+            page_buffers.append(view)
+            info[key] = view.ctypes.data
+            info[key + "_huge_kib"] = huge_page_kib(view.ctypes.data)
     raw = None
     if args.raw_socket:
         from mooncake._native import bench
@@ -115,10 +154,11 @@ def run_target(args) -> int:
 class Target:
     """A target process started by demo/compare modes."""
 
-    def __init__(self, metadata: str, name: str, size: int, raw_socket: bool, managed_size: int = 0):
+    def __init__(self, metadata: str, name: str, size: int, raw_socket: bool, managed_size: int = 0,
+                 page_buffers_size: int = 0):
         cmd = [sys.executable, "-m", "mooncake.transfer_engine_bench", "--mode", "target", "--metadata_server",
                metadata, "--local_server_name", name, "--buffer_size", str(size), "--managed_size",
-               str(managed_size)]
+               str(managed_size), "--page_buffers_size", str(page_buffers_size)]
         if raw_socket:
             cmd.append("--raw_socket")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -248,35 +288,98 @@ def wait_cpu_fraction(ep: Endpoint, target: dict) -> float:
     return worst
 
 
-def same_host_rows(metadata: str, tcp_ep: "Endpoint", target: dict, rounds: int) -> list[dict]:
-    """64 MiB transfers to the same-host target: shared-memory mapping (engine-allocated target memory), cross-
-    memory attach (plain registered memory) and, for scale, TCP over loopback; each against memcpy timed
-    right next to it."""
+def shm_parts(engine: TransferEngine) -> tuple[int, int]:
+    """(parts, parts copied by helper threads) over all same-host peers of this engine."""
+    peers = json.loads(engine.get_stats()).get("shm", {}).values()
+    return sum(p.get("parts", 0) for p in peers), sum(p.get("helper_parts", 0) for p in peers)
+
+
+def same_host_rows(metadata: str, tcp_ep: "Endpoint", target: dict, rounds: int) -> tuple[list[dict], int]:
+    """64 MiB transfers between two processes of this host, each side its own registered memory: the target's
+    engine-allocated (memfd, mapped here) buffer, and its ordinary anonymous memory with 4 KiB pages and with
+    huge pages (cross-memory attach), each with one copy thread and with the default; TCP over loopback for
+    scale. Returns the rows and how many bytes of the huge-page buffer the kernel backed with huge pages.
+    Every transfer is paired with a single-core memcpy of the same 64 MiB timed right before it, and
+    all cases take turns (A, B, C, ..., A, B, C, ...), so each ratio compares the same moment of the machine."""
     from mooncake._native import bench
 
     n = 64 * MiB
-    ep = Endpoint("127.0.0.1:17013", metadata, n)
-    scratch = np.ones(n, dtype=np.uint8)
-    paths = [("shm, mapped (managed buffer)", ep, target["managed"]),
-             ("shm, cross-memory attach", ep, target["buffer"]),
+    single = Endpoint("127.0.0.1:17013", metadata, n, copy_threads=1)
+    default = Endpoint("127.0.0.1:17014", metadata, n)
+    threads = f"{os.environ['MC_SHM_COPY_THREADS']} threads" if "MC_SHM_COPY_THREADS" in os.environ else "default"
+    paths = [("mapped, managed buffer", default, target["managed"]),
+             ("attach, 4 KiB pages, 1 thread", single, target["pages_4k"]),
+             (f"attach, 4 KiB pages, {threads}", default, target["pages_4k"]),
+             ("attach, huge pages, 1 thread", single, target["pages_huge"]),
+             (f"attach, huge pages, {threads}", default, target["pages_huge"]),
              ("tcp loopback (for scale)", tcp_ep, target["buffer"])]
+    scratch = np.ones(n, dtype=np.uint8)
+    cases = [(label, ep, remote, write) for label, ep, remote in paths for write in (True, False)]
+    samples = {i: ([], [], [0, 0]) for i in range(len(cases))}  # transfer s, memcpy s, [parts, helper parts]
+    for rnd in range(rounds * 4 + 1):  # round 0 warms up (maps the peer's memory, first touches)
+        for i, (label, ep, remote, write) in enumerate(cases):
+            copy_s = n / (bench.memcpy_bandwidth(scratch.ctypes.data, ep.addr, n, 1) * 1e9)
+            before = shm_parts(ep.engine)
+            lat = bench.time_engine(ep.engine, write, target["segment"], ep.addr, remote, n, 1, 1)[0]
+            after = shm_parts(ep.engine)
+            if rnd:
+                samples[i][0].append(lat)
+                samples[i][1].append(copy_s)
+                samples[i][2][0] += after[0] - before[0]
+                samples[i][2][1] += after[1] - before[1]
+    single.engine.close()
+    default.engine.close()
     rows = []
-    for label, endpoint, remote in paths:
-        for write in (True, False):
-            fn = endpoint.engine.transfer_sync_write if write else endpoint.engine.transfer_sync_read
-            lat, copies = [], []
-            for _ in range(rounds * 4):
-                copies.append(bench.memcpy_bandwidth(scratch.ctypes.data, endpoint.addr, n, 1))
-                t = time.perf_counter()
-                if fn(target["segment"], endpoint.addr, remote, n) != 0:
-                    raise SystemExit(f"error: same-host {label} transfer failed")
-                lat.append(time.perf_counter() - t)
-            s = summary(lat[1:], n)  # the first one maps the peer's memory
-            mc = float(np.median(copies))
-            rows.append({"path": label, "op": "write" if write else "read", "gbps": s["gbps"], "memcpy_gbps": mc,
-                         "ratio": s["gbps"] / mc, "p50_us": s["p50_us"]})
-    ep.engine.close()
-    return rows
+    for i, (label, ep, remote, write) in enumerate(cases):
+        lat, copies, (parts, helper) = samples[i]
+        ratios = sorted(c / t for c, t in zip(copies, lat))
+        s = summary(lat, n)
+        rows.append({"path": label, "op": "write" if write else "read", "gbps": s["gbps"],
+                     "memcpy_gbps": n * len(copies) / sum(copies) / 1e9, "ratio": float(np.median(ratios)),
+                     "ratio_min": ratios[0], "ratio_max": ratios[-1], "p50_us": s["p50_us"],
+                     "helper_share": helper / parts if parts else 0.0})
+    return rows, target["pages_huge_huge_kib"] * KiB
+
+
+def print_same_host(rows: list[dict], huge_bytes: int, rounds: int) -> None:
+    print(f"\nSame host, 64 MiB between two processes, each registering its own memory, vs a single-core memcpy of "
+          f"64 MiB timed right before each transfer; {rounds * 4} interleaved rounds.\n(ratio: median [min..max] "
+          "over those pairs; helpers: share of the copy's parts done by helper threads)\n")
+    print(f"{'path':>32} {'op':>5} | {'GB/s':>6} {'memcpy':>6} | {'ratio':>5} {'min':>5} {'max':>5} | "
+          f"{'helpers':>7} | {'p50 us':>7}")
+    for r in rows:
+        print(f"{r['path']:>32} {r['op']:>5} | {r['gbps']:>6.2f} {r['memcpy_gbps']:>6.2f} | {r['ratio']:>5.2f} "
+              f"{r['ratio_min']:>5.2f} {r['ratio_max']:>5.2f} | {r['helper_share'] * 100:>6.0f}% | {r['p50_us']:>7.0f}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n(the kernel backed {huge_bytes / MiB:.0f} of the 64 MiB huge-page buffer with huge pages; default "
+          f"threads: MC_SHM_COPY_THREADS unset, 2 or the usable CPUs if fewer; load average {load} on "
+          f"{os.cpu_count()} CPUs)")
+
+
+def tcp_results(args, ep: Endpoint, target: dict) -> dict:
+    """TE over TCP vs the raw socket, per case: (TE latencies, raw latencies, paired throughput ratios)."""
+    from mooncake._native import bench
+
+    raw = bench.RawSocketClient()
+    raw.connect("127.0.0.1", target["raw_port"])
+    results = {}
+    # Each case alternates short runs of the raw socket and of TE, so both see the same machine.
+    for rnd in range(args.rounds):
+        log(f"round {rnd + 1}/{args.rounds}")
+        for n, count in CASES:
+            iters = iterations(n * count, args.bytes_per_case, lo=10, hi=3000)
+            chunk = max(1, iters // 10)
+            for write in (True, False):
+                acc = results.setdefault((n, count, "write" if write else "read"), ([], [], []))
+                for _ in range(0, iters, chunk):
+                    # Both sides are timed by a C++ loop (no interpreter between operations).
+                    r_chunk = raw.timed(write, ep.addr, n, count, chunk)
+                    t_chunk = bench.time_engine(ep.engine, write, target["segment"], ep.addr, target["buffer"], n,
+                                                count, chunk)
+                    acc[1].extend(r_chunk)
+                    acc[0].extend(t_chunk)
+                    acc[2].append(sum(r_chunk) / sum(t_chunk))  # paired: same moment, same machine
+    return results
 
 
 def run_compare(args) -> int:
@@ -284,34 +387,19 @@ def run_compare(args) -> int:
     from mooncake.http_metadata_server import HttpMetadataServer
 
     size = 128 * MiB
+    results, wait_cpu = {}, 0.0
     with HttpMetadataServer("127.0.0.1", 0) as meta:
-        target = Target(meta.url, "127.0.0.1:17011", size, raw_socket=True, managed_size=64 * MiB)
+        target = Target(meta.url, "127.0.0.1:17011", size, raw_socket=True, managed_size=64 * MiB,
+                        page_buffers_size=64 * MiB)
         try:
             ep = Endpoint("127.0.0.1:17012", meta.url, size, force_tcp=True)
-            raw = bench.RawSocketClient()
-            raw.connect("127.0.0.1", target.info["raw_port"])
             src = np.ones(64 * MiB, dtype=np.uint8)
             dst = np.zeros(64 * MiB, dtype=np.uint8)
             memcpy = max(bench.memcpy_bandwidth(dst.ctypes.data, src.ctypes.data, dst.nbytes, 3) for _ in range(3))
-            results = {}
-            # Each case alternates short runs of the raw socket and of TE, so both see the same machine.
-            for rnd in range(args.rounds):
-                log(f"round {rnd + 1}/{args.rounds}")
-                for n, count in CASES:
-                    iters = iterations(n * count, args.bytes_per_case, lo=10, hi=3000)
-                    chunk = max(1, iters // 10)
-                    for write in (True, False):
-                        acc = results.setdefault((n, count, "write" if write else "read"), ([], [], []))
-                        for _ in range(0, iters, chunk):
-                            # Both sides are timed by a C++ loop (no interpreter between operations).
-                            r_chunk = raw.timed(write, ep.addr, n, count, chunk)
-                            t_chunk = bench.time_engine(ep.engine, write, target.info["segment"], ep.addr,
-                                                        target.info["buffer"], n, count, chunk)
-                            acc[1].extend(r_chunk)
-                            acc[0].extend(t_chunk)
-                            acc[2].append(sum(r_chunk) / sum(t_chunk))  # paired: same moment, same machine
-            wait_cpu = wait_cpu_fraction(ep, target.info)
-            same_host = same_host_rows(meta.url, ep, target.info, args.rounds)
+            if not args.same_host_only:
+                results = tcp_results(args, ep, target.info)
+                wait_cpu = wait_cpu_fraction(ep, target.info)
+            same_host, huge_bytes = same_host_rows(meta.url, ep, target.info, args.rounds)
             ep.engine.close()
         finally:
             target.close()
@@ -324,24 +412,21 @@ def run_compare(args) -> int:
                      "p50_ratio": te["p50_us"] / rs["p50_us"]})
     if args.json:
         print(json.dumps({"memcpy_gbps": memcpy, "wait_cpu_fraction": wait_cpu, "rows": rows,
-                          "same_host": same_host}, indent=1))
+                          "same_host": same_host, "same_host_huge_page_bytes": huge_bytes}, indent=1))
         return 0
-    print(f"\nTE (TCP, 2 processes, loopback) vs a plain single-stream TCP socket doing the same work, "
-          f"interleaved, {args.rounds} rounds\n(TE/raw throughput: median over back-to-back pairs of short runs)\n")
-    print(f"{'case':>16} {'op':>5} | {'TE GB/s':>8} {'raw GB/s':>8} {'TE/raw':>6} | {'TE p50':>8} {'raw p50':>8} "
-          f"{'TE/raw':>6} | {'TE p99':>8} {'raw p99':>8}   (latencies in us)")
-    for r in rows:
-        case = human(r["size"]) if r["count"] == 1 else f"{r['count']} x {human(r['size'])}"
-        print(f"{case:>16} {r['op']:>5} | {r['te_gbps']:>8.2f} {r['raw_gbps']:>8.2f} {r['throughput_ratio']:>6.2f} | "
-              f"{r['te_p50_us']:>8.1f} {r['raw_p50_us']:>8.1f} {r['p50_ratio']:>6.2f} | {r['te_p99_us']:>8.1f} "
-              f"{r['raw_p99_us']:>8.1f}")
-    print(f"\nsingle-core memcpy: {memcpy:.2f} GB/s; a thread waiting for a transfer used "
-          f"{wait_cpu * 100:.1f}% of a core")
-    print("\nSame host, 64 MiB between the two processes, vs single-core memcpy of 64 MiB measured alongside\n")
-    print(f"{'path':>34} {'op':>5} | {'GB/s':>6} {'memcpy':>6} {'ratio':>6} | {'p50 us':>8}")
-    for r in same_host:
-        print(f"{r['path']:>34} {r['op']:>5} | {r['gbps']:>6.2f} {r['memcpy_gbps']:>6.2f} {r['ratio']:>6.2f} | "
-              f"{r['p50_us']:>8.0f}")
+    if rows:
+        print(f"\nTE (TCP, 2 processes, loopback) vs a plain single-stream TCP socket doing the same work, "
+              f"interleaved, {args.rounds} rounds\n(TE/raw throughput: median over back-to-back pairs of short runs)\n")
+        print(f"{'case':>16} {'op':>5} | {'TE GB/s':>8} {'raw GB/s':>8} {'TE/raw':>6} | {'TE p50':>8} {'raw p50':>8} "
+              f"{'TE/raw':>6} | {'TE p99':>8} {'raw p99':>8}   (latencies in us)")
+        for r in rows:
+            case = human(r["size"]) if r["count"] == 1 else f"{r['count']} x {human(r['size'])}"
+            print(f"{case:>16} {r['op']:>5} | {r['te_gbps']:>8.2f} {r['raw_gbps']:>8.2f} {r['throughput_ratio']:>6.2f} "
+                  f"| {r['te_p50_us']:>8.1f} {r['raw_p50_us']:>8.1f} {r['p50_ratio']:>6.2f} | {r['te_p99_us']:>8.1f} "
+                  f"{r['raw_p99_us']:>8.1f}")
+        print(f"\nsingle-core memcpy: {memcpy:.2f} GB/s; a thread waiting for a transfer used "
+              f"{wait_cpu * 100:.1f}% of a core")
+    print_same_host(same_host, huge_bytes, args.rounds)
     return 0
 
 
@@ -410,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw_socket", action="store_true", help="target: also serve the raw-socket yardstick")
     p.add_argument("--managed_size", type=parse_size, default=0,
                    help="target: also expose this much engine-allocated (shareable) memory")
+    p.add_argument("--page_buffers_size", type=parse_size, default=0,
+                   help="target: also register two anonymous buffers of this size, 4 KiB pages and huge pages")
+    p.add_argument("--same_host_only", action="store_true",
+                   help="compare: only the same-host table (skip the TCP cases)")
     p.add_argument("--rounds", type=int, default=3, help="compare: interleaved rounds")
     p.add_argument("--bytes_per_case", type=parse_size, default=256 * MiB, help="compare: bytes per case and round")
     p.add_argument("--json", action="store_true", help="compare: print JSON")

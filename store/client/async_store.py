@@ -3,7 +3,8 @@
 Every ``async_<name>(...)`` attribute is a coroutine function that runs ``store.<name>(...)`` in the event
 loop's default executor (the store releases the GIL while data moves); every other attribute is the
 store's own. Construct it around an existing store or let it create one: ``MooncakeDistributedStoreAsync()``
-then ``await s.async_setup(...)``. Unknown ``async_*`` names raise AttributeError at access.
+then ``await s.async_setup(...)``. Unknown ``async_*`` names raise AttributeError at access. Results and
+exceptions are the store method's own: a wrong argument type raises its TypeError when awaited.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ this process as client A (its own segment is the "local" data), and a Debian ``r
 redis-py. For every value size, each iteration runs, back to back: store put, Redis SET, store get, Redis
 GET (so drift hits both equally). Reported per size and placement (remote: replica in B's segment; local:
 replica in A's own segment): put/get p50/p99 latency and throughput (bytes / mean latency), the ratio to
-Redis, the first ("cold") get after a put, batch put/get of 64 x 64 KiB (Redis: pipelined MSET/MGET),
-single-thread 4 KiB get/put ops/s for --seconds, and local-segment get_into vs a single-core memcpy
-(numpy copyto) of the same size into the same registered buffer.
+Redis, the first ("cold") get after a put, batch put/get of 64 x 64 KiB, bytes and zero copy (Redis: MSET/MGET),
+single-thread 4 KiB get/put ops/s for --seconds, local-segment get_into vs a single-core memcpy
+(numpy copyto) of the same size into the same registered buffer, and remote 16 MiB put/get of ``bytes``
+against put_from/get_into with HTTP metadata (bench_bytes_vs_zero_copy).
 
 Gets cycle over a few keys, so after the first get of a key its descriptors come from the client's lease
 cache (see store/client/core.py); "cold get" is the get that pays the master round trip.
@@ -85,22 +86,41 @@ def bench_size(store, r, size: int, iters: int, where: str, cfg: ReplicateConfig
     out["put_vs_redis"] = out["put"]["MBps"] / out["redis_set"]["MBps"]
     out["get_vs_redis"] = out["get"]["MBps"] / out["redis_get"]["MBps"]
     out["get_p50_vs_redis"] = out["get"]["p50_us"] / out["redis_get"]["p50_us"]
+    out["put_p50_vs_redis"] = out["put"]["p50_us"] / out["redis_set"]["p50_us"]
     return out
 
 
 def bench_batch(store, r, cfg, iters: int) -> dict:
+    """64 x 64 KiB: put_batch / get_batch of bytes and batch_put_from / batch_get_into of a registered buffer
+    (the zero-copy calls vLLM, SGLang and LMCache use), against pipelined MSET / MGET of the same values."""
     n, size = 64, 64 * KiB
     vals = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8).tobytes() for i in range(n)]
-    lat = {k: [] for k in ("put", "mset", "get", "mget")}
+    buf = np.zeros(2 * n * size, dtype=np.uint8)
+    assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+    buf[:n * size] = np.frombuffer(b"".join(vals), dtype=np.uint8)
+    srcs = [buf.ctypes.data + j * size for j in range(n)]
+    dsts = [buf.ctypes.data + (n + j) * size for j in range(n)]
+    lat = {k: [] for k in ("put", "mset", "get", "mget", "put_from", "get_into")}
     for i in range(max(3, iters // 10)):
         keys = [f"b{i}-{j}" for j in range(n)]
+        zkeys = [f"bz{i}-{j}" for j in range(n)]
         lat["put"].append(_timed(store.put_batch, keys, vals, cfg))
         lat["mset"].append(_timed(r.mset, dict(zip(keys, vals))))
+        lat["put_from"].append(_timed(store.batch_put_from, zkeys, srcs, [size] * n, cfg))
         lat["get"].append(_timed(store.get_batch, keys))
         lat["mget"].append(_timed(r.mget, keys))
+        lat["get_into"].append(_timed(store.batch_get_into, zkeys, dsts, [size] * n))
+        if i == 0:
+            assert store.get_batch(keys[:2]) == vals[:2] and (buf[n * size:] == buf[:n * size]).all()
         store.remove_by_regex("^b", force=True)
         r.flushdb()
-    return {k: _summary(v, n * size) for k, v in lat.items()}
+    store.unregister_buffer(buf.ctypes.data)
+    out = {k: _summary(v, n * size) for k, v in lat.items()}
+    for k in ("put", "put_from"):
+        out[k + "_vs_mset"] = out[k]["MBps"] / out["mset"]["MBps"]
+    for k in ("get", "get_into"):
+        out[k + "_vs_mget"] = out[k]["MBps"] / out["mget"]["MBps"]
+    return out
 
 
 def bench_ops(store, r, cfg, seconds: float) -> dict:
@@ -140,6 +160,54 @@ def bench_get_into(store, size: int, iters: int) -> dict:
     return {"size": size, "get_into_GBps": gi_bw, "memcpy_GBps": mc_bw, "ratio": gi_bw / mc_bw}
 
 
+def bench_bytes_vs_zero_copy(size: int, iters: int) -> dict:
+    """Remote put/get of a `bytes` value against put_from/get_into of the same size, in the setup users
+    reported (HTTP metadata; a peer with a 512 MiB segment and a 128 MiB buffer holds the replica; the writer
+    has a 64 MiB buffer from register_buffer). Byte puts of >= 2 MiB register the value for the transfer, and
+    each registration is published to the metadata server: this is where a slow metadata round trip shows.
+    Removed objects stay allocated while the read lease of their get lasts (10 s): `iters` <= 10 fits."""
+    from mooncake.http_metadata_server import HttpMetadataServer
+
+    # A master of its own: clients on P2P metadata (the other sections) cannot be reached from HTTP metadata.
+    with HttpMetadataServer("127.0.0.1", 0) as meta:
+        url = f"http://127.0.0.1:{meta.port}/metadata"
+        master_proc = MasterProcess("--eviction_high_watermark_ratio=1.0")
+        master = master_proc.address
+        peer = StoreWorker(master, segment="512MB", buffer="128MB", metadata=url)
+        store = MooncakeDistributedStore()
+        try:
+            assert store.setup("127.0.0.1", url, "0", "64MB", "tcp", "", master) == 0
+            buf = np.zeros(4 * size, dtype=np.uint8)
+            assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+            value = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8).tobytes()
+            buf[:size] = np.frombuffer(value, dtype=np.uint8)
+            cfg = ReplicateConfig(replica_num=1, preferred_segment=peer.hostname)
+            lat = {k: [] for k in ("put", "get", "put_from", "get_into")}
+            for i in range(iters):
+                codes = []
+                lat["put"].append(_timed(lambda: codes.append(store.put(f"zb{i}", value, cfg))))
+                lat["get"].append(_timed(lambda: codes.append(len(store.get(f"zb{i}")) - size)))
+                lat["put_from"].append(_timed(lambda: codes.append(store.put_from(f"zz{i}", buf.ctypes.data, size,
+                                                                                  cfg))))
+                lat["get_into"].append(_timed(lambda: codes.append(
+                    store.get_into(f"zz{i}", buf.ctypes.data + 2 * size, size) - size)))
+                assert codes == [0] * 4, codes
+                if i == 0:
+                    assert store.get("zb0") == value and (buf[2 * size:3 * size] == buf[:size]).all()
+                store.remove(f"zb{i}", force=True)
+                store.remove(f"zz{i}", force=True)
+            store.unregister_buffer(buf.ctypes.data)
+        finally:
+            store.close()
+            peer.stop()
+            master_proc.stop()
+    out = {k: _summary(v, size) for k, v in lat.items()}
+    out["size"] = size
+    out["put_vs_put_from"] = out["put"]["p50_us"] / out["put_from"]["p50_us"]
+    out["get_vs_get_into"] = out["get"]["p50_us"] / out["get_into"]["p50_us"]
+    return out
+
+
 def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB", local_segment: str = "1GB") -> dict:
     """Segments must hold what the run puts while read leases (10 s) keep removed buffers held."""
     import redis
@@ -163,6 +231,7 @@ def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB
         out["batch_64x64KiB_remote"] = bench_batch(store, r, remote_cfg, iters)
         out["ops_4KiB_remote"] = bench_ops(store, r, remote_cfg, seconds)
         out["get_into_local"] = [bench_get_into(store, s, max(5, min(iters, 64))) for s in (MiB, 16 * MiB)]
+        out["bytes_vs_zero_copy_http"] = bench_bytes_vs_zero_copy(16 * MiB, max(5, min(iters, 10)))
         return out
     finally:
         store.close()
@@ -172,24 +241,32 @@ def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB
 
 
 def report(out: dict) -> str:
-    lines = [f"{'size':>6} {'where':6} | {'put p50/p99 us':>17} {'SET p50/p99':>17} {'x thr':>5} | "
+    lines = [f"{'size':>6} {'where':6} | {'put p50/p99 us':>17} {'SET p50/p99':>17} {'x thr':>5} {'p50 x':>5} | "
              f"{'get p50/p99 us':>17} {'GET p50/p99':>17} {'x thr':>5} {'p50 x':>5} | cold get p50"]
     for s in out["sizes"]:
         def f(d):
             return f"{d['p50_us']:8.0f}/{d['p99_us']:<8.0f}"
         size = f"{s['size'] // KiB}K" if s["size"] < MiB else f"{s['size'] // MiB}M"
-        lines.append(f"{size:>6} {s['where']:6} | {f(s['put'])} {f(s['redis_set'])} {s['put_vs_redis']:5.2f} | "
+        lines.append(f"{size:>6} {s['where']:6} | {f(s['put'])} {f(s['redis_set'])} {s['put_vs_redis']:5.2f} "
+                     f"{s['put_p50_vs_redis']:5.2f} | "
                      f"{f(s['get'])} {f(s['redis_get'])} {s['get_vs_redis']:5.2f} {s['get_p50_vs_redis']:5.2f} | "
                      f"{s['cold_get']['p50_us']:.0f} us")
     b = out["batch_64x64KiB_remote"]
-    lines.append("batch 64 x 64 KiB (remote), p50 ms: put_batch %.2f  MSET %.2f  get_batch %.2f  MGET %.2f" % (
-        b["put"]["p50_us"] / 1e3, b["mset"]["p50_us"] / 1e3, b["get"]["p50_us"] / 1e3, b["mget"]["p50_us"] / 1e3))
+    lines.append("batch 64 x 64 KiB (remote), p50 ms: put_batch %.2f  batch_put_from %.2f  MSET %.2f  |  get_batch "
+                 "%.2f  batch_get_into %.2f  MGET %.2f" % tuple(b[k]["p50_us"] / 1e3 for k in (
+                     "put", "put_from", "mset", "get", "get_into", "mget")))
+    lines.append("  throughput x MSET: put_batch %.2f  batch_put_from %.2f;  x MGET: get_batch %.2f  batch_get_into %.2f"
+                 % (b["put_vs_mset"], b["put_from_vs_mset"], b["get_vs_mget"], b["get_into_vs_mget"]))
     o = out["ops_4KiB_remote"]
     lines.append("single thread 4 KiB ops/s: store get %.0f  Redis GET %.0f  store put %.0f  Redis SET %.0f" % (
         o["store_get"], o["redis_get"], o["store_put"], o["redis_set"]))
     for g in out["get_into_local"]:
         lines.append("local get_into %d MiB: %.2f GB/s vs memcpy %.2f GB/s = %.2fx" % (
             g["size"] // MiB, g["get_into_GBps"], g["memcpy_GBps"], g["ratio"]))
+    z = out["bytes_vs_zero_copy_http"]
+    lines.append("16 MiB remote, HTTP metadata, p50 ms: put %.2f put_from %.2f (%.2fx)  get %.2f get_into %.2f "
+                 "(%.2fx)" % (z["put"]["p50_us"] / 1e3, z["put_from"]["p50_us"] / 1e3, z["put_vs_put_from"],
+                              z["get"]["p50_us"] / 1e3, z["get_into"]["p50_us"] / 1e3, z["get_vs_get_into"]))
     return "\n".join(lines)
 
 

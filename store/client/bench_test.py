@@ -9,4 +9,5 @@ def test_bench_smoke():
                                                                (1 << 20, "remote"), (1 << 20, "local")]
     assert out["ops_4KiB_remote"]["store_get"] > 0 and out["get_into_local"][0]["ratio"] > 0
     text = bench.report(out)
-    assert "Redis GET" in text and "memcpy" in text
+    assert "Redis GET" in text and "memcpy" in text and "HTTP metadata" in text
+    assert out["bytes_vs_zero_copy_http"]["put"]["p50_us"] > 0

@@ -3,20 +3,30 @@
 Contracts (reference §2.2, §2.12):
   * ``parse_size("16MB") == 16 << 20``: suffixes b/k/kb/m/mb/g/gb/t/tb (powers of 1024, case-insensitive,
     optional space, floats allowed); plain ints pass through. Empty, negative, "50%" or garbage -> ValueError.
-  * ``ReplicateConfig`` fields and defaults are Mooncake's; ``soft_pin_ttl_ms`` negative or >= 2**64 raises
-    TypeError on assignment; ``validate()`` returns INVALID_PARAMS (-600) for combinations the master would
+  * ``ReplicateConfig`` fields and defaults are Mooncake's. Every assignment (constructor included) checks
+    the type and raises TypeError for a wrong one: counts (replica_num, nof_/dfs_replica_num) and
+    soft_pin_ttl_ms (or None) are ints in [0, 2**64) (Mooncake's size_t / uint64), pins and
+    prefer_alloc_in_same_node bools (or 0 / 1), soft_pin_action / data_type members of their enum (or its
+    value), preferred_segment a str, preferred_segments / preferred_nof_segments lists of str, group_ids None
+    or a list of str. ``validate()`` returns INVALID_PARAMS (-600) for well-typed values the master would
     reject (a soft pin TTL without SoftPinAction.ENABLE, replica_num outside 1..64).
-  * ``SetupConfig.from_args`` accepts the positional and the dict form of ``setup`` and raises ValueError
-    with a clear message for a bad value.
+  * ``SetupConfig.from_args`` accepts the positional and the dict form of ``setup``. It raises TypeError for
+    a wrong type or call shape (``setup(12345)``, a missing positional argument, an unknown keyword) and
+    ValueError, with a clear message, for a bad value (empty hostname, unsupported protocol, "50%", a dict
+    lacking local_hostname); ``SetupConfig.check_types`` raises only the TypeErrors. The dict form also takes
+    the clients' key names ``master_server_address`` (= ``master_server_addr``) and ``device_name``
+    (= ``rdma_devices``); a dict may hold both names of one option only with the same value.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 import os
 import re
 
+from mooncake.store.client.validate import FLAG, INT, SIZE, STR, UINT, check, either, enum_of, optional, seq
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.objects import ReplicaStatus  # noqa: F401  (re-exported: one definition)
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -64,10 +74,14 @@ class ObjectDataType(enum.IntEnum):
     GENERAL = 9
 
 
-class ReplicateConfig:
-    """Where and how a put places its replicas (Mooncake's ``ReplicateConfig``; every field read-write)."""
+_PROTO_CACHE: dict[tuple, pb.ReplicateConfig] = {}  # ReplicateConfig.to_proto, by content
 
-    __slots__ = ("replica_num", "nof_replica_num", "dfs_replica_num", "soft_pin_action", "_soft_pin_ttl_ms",
+
+class ReplicateConfig:
+    """Where and how a put places its replicas (Mooncake's ``ReplicateConfig``; every field read-write and
+    type-checked on assignment, see the module docstring)."""
+
+    __slots__ = ("replica_num", "nof_replica_num", "dfs_replica_num", "soft_pin_action", "soft_pin_ttl_ms",
                  "with_hard_pin", "preferred_segments", "preferred_nof_segments", "prefer_alloc_in_same_node",
                  "data_type", "group_ids")
 
@@ -76,29 +90,29 @@ class ReplicateConfig:
                  preferred_segments: list[str] | None = None, preferred_segment: str = "",
                  prefer_alloc_in_same_node: bool = False, data_type: ObjectDataType = ObjectDataType.UNKNOWN,
                  group_ids: list[str] | None = None, nof_replica_num: int = 0, dfs_replica_num: int = 0) -> None:
-        self.replica_num = replica_num
-        self.nof_replica_num = nof_replica_num
-        self.dfs_replica_num = dfs_replica_num
-        self.soft_pin_action = SoftPinAction(soft_pin_action)
-        self.soft_pin_ttl_ms = soft_pin_ttl_ms
-        self.with_hard_pin = with_hard_pin
-        self.preferred_segments = list(preferred_segments or [])
-        if preferred_segment:
+        args = (replica_num, soft_pin_action, soft_pin_ttl_ms, with_hard_pin, preferred_segments, preferred_segment,
+                prefer_alloc_in_same_node, data_type, group_ids, nof_replica_num, dfs_replica_num)
+        # All defaults (the config of every put without one): nothing to check.
+        put = object.__setattr__ if all(map(operator.is_, args, _INIT_DEFAULTS)) else ReplicateConfig.__setattr__
+        put(self, "replica_num", replica_num)
+        put(self, "nof_replica_num", nof_replica_num)
+        put(self, "dfs_replica_num", dfs_replica_num)
+        put(self, "soft_pin_action", soft_pin_action)
+        put(self, "soft_pin_ttl_ms", soft_pin_ttl_ms)
+        put(self, "with_hard_pin", with_hard_pin)
+        put(self, "preferred_segments", [] if preferred_segments is None else preferred_segments)
+        if preferred_segment != "":
             self.preferred_segment = preferred_segment
-        self.preferred_nof_segments: list[str] = []
-        self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
-        self.data_type = ObjectDataType(data_type)
-        self.group_ids = group_ids
+        put(self, "preferred_nof_segments", [])
+        put(self, "prefer_alloc_in_same_node", prefer_alloc_in_same_node)
+        put(self, "data_type", data_type)
+        put(self, "group_ids", group_ids)
 
-    @property
-    def soft_pin_ttl_ms(self) -> int | None:
-        return self._soft_pin_ttl_ms
-
-    @soft_pin_ttl_ms.setter
-    def soft_pin_ttl_ms(self, value: int | None) -> None:
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64):
-            raise TypeError(f"soft_pin_ttl_ms must be None or an int in [0, 2**64), got {value!r}")
-        self._soft_pin_ttl_ms = value
+    def __setattr__(self, name: str, value) -> None:
+        kind = _REPLICATE_FIELDS.get(name)
+        if kind is not None:
+            value = check(kind, value, f"ReplicateConfig.{name}")
+        object.__setattr__(self, name, value)
 
     @property
     def preferred_segment(self) -> str:
@@ -111,7 +125,7 @@ class ReplicateConfig:
 
     def validate(self) -> int:
         """0, or INVALID_PARAMS (-600) for a config the master must not see."""
-        if not isinstance(self.replica_num, int) or not 1 <= self.replica_num <= MAX_REPLICAS:
+        if not 1 <= self.replica_num <= MAX_REPLICAS:
             return int(ErrorCode.INVALID_PARAMS)
         if self.soft_pin_ttl_ms is not None and self.soft_pin_action != SoftPinAction.ENABLE:
             return int(ErrorCode.INVALID_PARAMS)
@@ -120,6 +134,18 @@ class ReplicateConfig:
         return 0
 
     def to_proto(self, local_segment: str = "") -> pb.ReplicateConfig:
+        """The request field for this config. The message may be shared with other callers: do not modify it
+        (request constructors copy it). Cached by content: the list fields may change in place."""
+        key = (self.replica_num, self.soft_pin_action, self.soft_pin_ttl_ms, self.with_hard_pin,
+               tuple(self.preferred_segments), self.prefer_alloc_in_same_node, local_segment)
+        proto = _PROTO_CACHE.get(key)
+        if proto is None:
+            if len(_PROTO_CACHE) >= 256:
+                _PROTO_CACHE.clear()
+            proto = _PROTO_CACHE[key] = self._build_proto(local_segment)
+        return proto
+
+    def _build_proto(self, local_segment: str) -> pb.ReplicateConfig:
         preferred = list(self.preferred_segments)
         if self.prefer_alloc_in_same_node and local_segment and local_segment not in preferred:
             preferred.insert(0, local_segment)
@@ -137,6 +163,23 @@ class ReplicateConfig:
 
     __str__ = __repr__
 
+
+_STRS = seq(STR)
+
+
+def _SEGMENTS(v) -> list:
+    """A list of str, copied (the config keeps its own)."""
+    v2 = _STRS(v)
+    return list(v2) if v2 is v else v2
+
+
+_INIT_DEFAULTS = (1, SoftPinAction.PRESERVE, None, False, None, "", False, ObjectDataType.UNKNOWN, None, 0, 0)
+_REPLICATE_FIELDS = {
+    "replica_num": UINT, "nof_replica_num": UINT, "dfs_replica_num": UINT,
+    "soft_pin_action": enum_of(SoftPinAction), "soft_pin_ttl_ms": optional(UINT), "with_hard_pin": FLAG,
+    "preferred_segments": _SEGMENTS, "preferred_segment": STR, "preferred_nof_segments": _SEGMENTS,
+    "prefer_alloc_in_same_node": FLAG, "data_type": enum_of(ObjectDataType), "group_ids": optional(_SEGMENTS),
+}
 
 PROTOCOLS = ("tcp", "rdma", "efa", "cxl", "nvlink", "hip", "barex", "ascend")
 SUPPORTED_PROTOCOLS = ("tcp",)
@@ -161,49 +204,127 @@ class SetupConfig:
     def from_args(cls, args: tuple, kwargs: dict) -> "SetupConfig":
         """Positional form ``setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
         protocol, rdma_devices, master_server_addr, engine=None, ...)`` or dict form ``setup({...})``."""
-        kwargs = dict(kwargs)
-        kwargs.pop("engine", None)  # an external engine is not supported: the client owns its engine
-        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
-            fields = dict(args[0])
-            fields.pop("ipc_socket_path", None)
-            if "master_server_address" in fields and "master_server_addr" not in fields:
-                fields["master_server_addr"] = fields.pop("master_server_address")
-            if "device_name" in fields and "rdma_devices" not in fields:
-                fields["rdma_devices"] = fields.pop("device_name")
-            for required in ("local_hostname", "metadata_server"):
-                if required not in fields:
-                    raise ValueError(f"setup config lacks {required!r}")
-        else:
-            names = [f.name for f in dataclasses.fields(cls)]
-            if len(args) > 7 and args[7] is not None:
-                raise ValueError("setup: passing an external engine is not supported")
-            args = args[:7] + args[8:]
-            if len(args) > len(names):
-                raise ValueError(f"setup takes at most {len(names) + 1} positional arguments")
-            fields = dict(zip(names, args))
-            overlap = set(fields) & set(kwargs)
-            if overlap:
-                raise ValueError(f"setup got multiple values for {sorted(overlap)}")
-            fields.update(kwargs)
-            missing = [n for n in names[:7] if n not in fields]
-            if missing:
-                raise ValueError(f"setup lacks required arguments {missing}")
-        unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"setup: unknown option(s) {sorted(unknown)}")
+        fields = cls._typed_fields(args, kwargs)
         cfg = cls(**fields)
         cfg.global_segment_size = parse_size(cfg.global_segment_size)
         cfg.local_buffer_size = parse_size(cfg.local_buffer_size)
-        cfg.protocol = str(cfg.protocol).lower()
-        if not isinstance(cfg.local_hostname, str) or not cfg.local_hostname.strip():
+        cfg.protocol = cfg.protocol.lower()
+        cfg.enable_ssd_offload = _parse_flag("enable_ssd_offload", cfg.enable_ssd_offload)
+        cfg.enable_client_http_server = _parse_flag("enable_client_http_server", cfg.enable_client_http_server)
+        cfg.client_http_port = _parse_port(cfg.client_http_port)
+        if not cfg.local_hostname.strip():
             raise ValueError("local_hostname must be a non-empty string")
         if cfg.protocol not in SUPPORTED_PROTOCOLS:
             raise ValueError(f"protocol {cfg.protocol!r} is not supported by this build (supported: "
                              f"{', '.join(SUPPORTED_PROTOCOLS)})")
-        if not isinstance(cfg.master_server_addr, str) or not cfg.master_server_addr:
+        if not cfg.master_server_addr:
             raise ValueError("master_server_addr must be 'host:port'")
         if cfg.enable_ssd_offload:
             cfg.ssd_offload_path = cfg.ssd_offload_path or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
             if not cfg.ssd_offload_path:
                 raise ValueError("enable_ssd_offload needs ssd_offload_path (or MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)")
         return cfg
+
+    @classmethod
+    def check_types(cls, args: tuple, kwargs: dict) -> None:
+        """Raises the TypeErrors from_args would raise (wrong types, call shape); bad values pass."""
+        try:
+            cls._typed_fields(args, kwargs)
+        except ValueError:
+            pass
+
+    @classmethod
+    def _typed_fields(cls, args: tuple, kwargs: dict) -> dict:
+        """The setup options by field name, each of the right type. TypeError for a wrong type or call shape;
+        then ValueError for a dict lacking a required key or holding unknown ones, or an external engine."""
+        kwargs = dict(kwargs)
+        kwargs.pop("engine", None)  # an external engine is not supported: the client owns its engine
+        names = [f.name for f in dataclasses.fields(cls)]
+        problem = None  # a ValueError raised once every type is checked
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            fields = dict(args[0])
+            bad = [k for k in fields if not isinstance(k, str)]
+            if bad:
+                raise TypeError(f"setup(): config keys must be str, got {type(bad[0]).__name__}")
+            fields.pop("ipc_socket_path", None)
+            fields.pop("engine", None)
+            problem = _merge_aliases(fields)
+            unknown = set(fields) - set(names)
+            missing = [n for n in ("local_hostname", "metadata_server") if n not in fields]
+            if problem is None and unknown:
+                problem = f"setup: unknown option(s) {sorted(unknown)}"
+            elif problem is None and missing:
+                problem = f"setup config lacks {missing[0]!r}"  # a ValueError in the dict form
+        else:
+            if len(args) > len(names) + 1:
+                raise TypeError(f"setup() takes at most {len(names) + 1} positional arguments ({len(args)} given)")
+            fields = dict(zip(names, args[:7] + args[8:]))
+            overlap = set(fields) & set(kwargs)
+            if overlap:
+                raise TypeError(f"setup() got multiple values for {sorted(overlap)}")
+            unknown = set(kwargs) - set(names)
+            if unknown:
+                raise TypeError(f"setup() got unexpected keyword argument(s) {sorted(unknown)}")
+            fields.update(kwargs)
+            missing = [n for n in names[:7] if n not in fields]
+            if len(args) > 7 and args[7] is not None:
+                problem = "setup: passing an external engine is not supported"
+        for name, value in fields.items():
+            if name in _SETUP_FIELDS:
+                fields[name] = check(_SETUP_FIELDS[name], value, f"setup(): {name}")
+        if missing and not problem:
+            raise TypeError(f"setup() lacks required argument(s) {missing}")
+        if problem:
+            raise ValueError(problem)
+        return fields
+
+
+# Dict-form keys the clients' configs use (vLLM, SGLang, LMCache JSON) -> the SetupConfig field they name.
+_SETUP_ALIASES = {"master_server_address": "master_server_addr", "device_name": "rdma_devices"}
+
+
+def _merge_aliases(fields: dict) -> str | None:
+    """Renames alias keys of a dict-form config in place. An alias and its field may both be present when they
+    hold the same value; returns the problem (naming both keys) when they disagree, else None."""
+    problem = None
+    for alias, name in _SETUP_ALIASES.items():
+        if alias not in fields:
+            continue
+        value = fields.pop(alias)
+        if name not in fields:
+            fields[name] = value
+        elif fields[name] != value and problem is None:
+            problem = (f"setup: {alias!r} ({value!r}) and {name!r} ({fields[name]!r}) name the same option with "
+                       "different values; give one of them, or the same value in both")
+    return problem
+
+
+def _parse_flag(name: str, value) -> bool:
+    """A bool option: a bool, 0 / 1, or (dict form) "true"/"false"/"1"/"0"/"yes"/"no"/"on"/"off"/""."""
+    if not isinstance(value, str):
+        return bool(value)
+    word = value.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(f"{name} must be a bool (true/false), got {value!r}")
+
+
+def _parse_port(value) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise ValueError(f"client_http_port must be a port number, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"client_http_port must be in [0, 65535], got {port}")
+    return port
+
+
+_SETUP_FIELDS = {
+    "local_hostname": STR, "metadata_server": STR, "global_segment_size": SIZE, "local_buffer_size": SIZE,
+    "protocol": STR, "rdma_devices": STR, "master_server_addr": STR,
+    "enable_ssd_offload": either(FLAG, STR, expected="a bool"), "ssd_offload_path": STR, "tenant_id": STR,
+    "enable_client_http_server": either(FLAG, STR, expected="a bool"),
+    "client_http_port": either(INT, STR, expected="a port number"),
+}

@@ -191,9 +191,9 @@ class DiskLinkMixin:
                 if pinned is None:
                     return False
                 local, release = pinned
-                ops, off = [], 0
+                ops, off, where = [], 0, pb.ReplicaDescriptor(segment_name=segment)  # the owner's staging
                 for a, n in local:
-                    ops.append((segment, a, address + off, n, 0))
+                    ops.append((where, a, address + off, n, 0))
                     off += n
                 try:
                     failed = self._transfer(ops, write=False)

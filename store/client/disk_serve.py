@@ -16,6 +16,10 @@ RPC_FAIL; no answer in time: RPC_TIMEOUT) is taken for dead for DEAD_SEC: reads 
 with RPC_FAIL meanwhile, so a batch of its keys costs one timeout, not one each (the master drops its
 replicas when its liveness expires). OBJECT_NOT_FOUND means the owner answered that it has no such file.
 
+Listener bounds (fast_rpc's framing): a request frame is at most _MAX_FRAME bytes (a key and a number), the
+requests being received hold at most _MAX_INFLIGHT bytes together, and at most _MAX_CONNECTIONS readers are
+connected at once.
+
 Threading: the server runs one thread per connection (fast_rpc); all state is under one lock.
 ``DiskPeers`` is shared by the store's threads (FastRpcClient keeps one connection per thread).
 """
@@ -32,6 +36,7 @@ import time
 import grpc
 import numpy as np
 
+from mooncake.store.master.config import MAX_KEY_BYTES
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.fast_rpc import FastRpcClient, FastRpcError, FastRpcServer
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -40,6 +45,9 @@ _log = logging.getLogger("mooncake.store.client.disk")
 MAX_HOLDS = 64
 _BUSY_RETRY_SEC = 2.0
 DEAD_SEC = 3.0  # an owner that did not answer is not asked again for this long
+_MAX_FRAME = MAX_KEY_BYTES + 1024
+_MAX_INFLIGHT = 16 << 20
+_MAX_CONNECTIONS = 256
 
 
 def _env_ms(name: str, default: int) -> float:
@@ -71,11 +79,12 @@ class DiskServer:
         self._held_bytes = 0
         self._next = 1
         self._lock = threading.Lock()
+        limits = dict(service="DiskReplicaService", thread_name="store-disk-rpc", max_frame=_MAX_FRAME,
+                      max_inflight=_MAX_INFLIGHT, max_connections=_MAX_CONNECTIONS)
         try:
-            self._server = FastRpcServer(self, host, port, service="DiskReplicaService", thread_name="store-disk-rpc")
+            self._server = FastRpcServer(self, host, port, **limits)
         except OSError:  # a hostname that is not a local address: listen on all of them
-            self._server = FastRpcServer(self, "::" if ":" in host else "0.0.0.0", port,
-                                         service="DiskReplicaService", thread_name="store-disk-rpc")
+            self._server = FastRpcServer(self, "::" if ":" in host else "0.0.0.0", port, **limits)
         self.endpoint = f"[{host}]:{self._server.port}" if ":" in host else f"{host}:{self._server.port}"
         self.served = 0
         self._stop = threading.Event()

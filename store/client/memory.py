@@ -26,6 +26,8 @@ _ALIGN = 64
 
 
 def buffer_address(obj) -> tuple[int, int]:
+    if type(obj) is bytes:  # the common case, without a memoryview (CPython: the data follows the header)
+        return (id(obj) + BYTES_DATA, len(obj)) if obj else (0, 0)
     if isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
             raise TypeError("value must be a C-contiguous buffer")
@@ -43,32 +45,72 @@ def buffer_address(obj) -> tuple[int, int]:
 
 
 class StagingPool:
+    """Small requests (<= SMALL_MAX) take power-of-two slots kept on per-class free lists once used, so the hot
+    path of small puts and gets costs a list pop and push rather than an allocator call; the slots kept
+    are bounded (a quarter of the pool), the rest goes back to the allocator."""
+
+    SMALL_MIN, SMALL_MAX = 4 << 10, 64 << 10
+
     def __init__(self, base: int, size: int) -> None:
         self.base = base
         self.size = size
         self._alloc = OffsetAllocator(size, granule=_ALIGN) if size else None
         self._sizes: dict[int, int] = {}
+        self._slots: dict[int, list[int]] = {}  # slot size -> free slots (offsets), taken from the allocator
+        self._slot_bytes = 0  # bytes on those free lists
+        self._cached: set[int] = set()  # the offsets on them (a second free of one is refused)
         self._lock = threading.Lock()
 
     def alloc(self, size: int) -> int | None:
         if self._alloc is None or size <= 0 or size > self.size:
             return None
+        if size <= self.SMALL_MAX:
+            size = max(self.SMALL_MIN, 1 << (size - 1).bit_length())
         with self._lock:
+            free = self._slots.get(size)
+            if free:
+                self._slot_bytes -= size
+                off = free.pop()
+                self._cached.discard(off)
+                return self.base + off
             off = self._alloc.allocate(size)
             if off is None:
-                return None
+                if not self._slot_bytes:
+                    return None
+                self._drop_slots_locked()
+                off = self._alloc.allocate(size)
+                if off is None:
+                    return None
             self._sizes[off] = size
         return self.base + off
 
     def free(self, addr: int) -> None:
+        """Gives back what alloc returned; ValueError for an address it did not hand out or already got back."""
         off = addr - self.base
         with self._lock:
-            self._alloc.free(off, self._sizes.pop(off))
+            size = self._sizes.get(off)
+            if size is None or off in self._cached:
+                raise ValueError(f"staging address {addr:#x} is not allocated")
+            if size <= self.SMALL_MAX and self._slot_bytes + size <= self.size // 4:
+                self._slots.setdefault(size, []).append(off)
+                self._cached.add(off)
+                self._slot_bytes += size
+                return
+            del self._sizes[off]
+            self._alloc.free(off, size)
+
+    def _drop_slots_locked(self) -> None:
+        for free in self._slots.values():
+            for off in free:
+                self._alloc.free(off, self._sizes.pop(off))
+        self._slots.clear()
+        self._cached.clear()
+        self._slot_bytes = 0
 
     @property
     def free_bytes(self) -> int:
         with self._lock:
-            return self._alloc.free_bytes if self._alloc else 0
+            return (self._alloc.free_bytes + self._slot_bytes) if self._alloc else 0
 
 
 class RegisteredRanges:

@@ -22,6 +22,9 @@ import os
 import threading
 import time
 
+import grpc
+
+from mooncake.store.client.memory import gather
 from mooncake.store.master.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
@@ -29,12 +32,30 @@ _log = logging.getLogger("mooncake.store.client")
 OK = int(ErrorCode.OK)
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 _TRANSFER_FAIL = int(ErrorCode.TRANSFER_FAIL)
+_NOT_READY = int(ErrorCode.INTERNAL_ERROR)  # as core.NOT_READY: the store was closed
 MiB = 1 << 20
 FRESH_SEC = 1.0
 BLOCK_OBJECTS = 32
 MIN_BLOCK, MAX_BLOCK = 4 * MiB, 64 * MiB
 POOLED_PER_PREFERENCE = 2
+MAX_BATCH = 16 * MiB  # larger batches take the two-call way (a block holds a few batches)
 _NO_GRANT_BACKOFF_SEC = 1.0  # after a refused grant (memory full, feature off), puts go the two-call way
+
+
+def _unknown_method(e) -> bool:
+    """Whether a master RPC failed because the master does not have the method (an older master)."""
+    code = e.code() if callable(getattr(e, "code", None)) else None
+    details = e.details() if callable(getattr(e, "details", None)) else ""
+    return code == grpc.StatusCode.UNIMPLEMENTED or "unknown method" in (details or "")
+
+
+def _layout(sizes: list[int], granule: int) -> tuple[list[int], int]:
+    """Offsets of objects laid back to back, each rounded up to `granule`, and the span they take."""
+    offsets, span = [], 0
+    for n in sizes:
+        offsets.append(span)
+        span += -(-n // granule) * granule
+    return offsets, span
 
 
 class _Block:
@@ -42,7 +63,7 @@ class _Block:
 
     def __init__(self, reply, now: float) -> None:
         b = reply.block
-        self.rid, self.segment, self.granule = reply.reservation_id, b.segment_name, max(1, reply.granule)
+        self.rid, self.segment, self.granule = reply.reservation_id, b, max(1, reply.granule)  # b: where
         self.cursor, self.end = b.address, b.address + b.size
         idle = reply.idle_ms / 1000.0
         self.quiet_max = idle - min(2.0, idle / 2)  # the master frees it `idle` after its last confirmation
@@ -66,7 +87,9 @@ class ReservedPuts:
         self._lock = threading.Lock()
         self._pool: dict[tuple, list[_Block]] = {}
         self._no_grant_until = 0.0
+        self._granule = 64  # the master's allocator granule, as its blocks say
         self.enabled = os.environ.get("MC_STORE_RESERVED_PUT", "1") != "0"
+        self.batch_enabled = True  # off once a master turns out to lack BatchPutReserved
 
     def put(self, key: str, size: int, source: list, registered: bool, config) -> int | None:
         """Puts one value (source: [(addr, len)]) through a reserved block; per-key code, or None: put it the
@@ -79,7 +102,7 @@ class ReservedPuts:
         block = self._take(pref, size, proto)
         if block is None:
             return None
-        pinned = core._pin(source, registered, block.segment != core._segment_name, write_out=False)
+        pinned = core._pin(source, registered, not core._is_mine(block.segment), write_out=False)
         if pinned is None:
             self._give_back(pref, block)
             return _TRANSFER_FAIL
@@ -99,7 +122,98 @@ class ReservedPuts:
             self._give_back(pref, block)
             return OK
         _log.info("put %r: reserved block %d refused (%s); putting it the two-call way", key, block.rid, reply.code)
+        if reply.cursor == block.cursor:  # the master kept the block (e.g. a key it refused): reuse it
+            block.confirmed = sent
+            self._give_back(pref, block)
         return None
+
+    def put_batch(self, keys: list[str], sizes: list[int], sources: list, registered: bool, config
+                  ) -> list[int] | None:
+        """Puts several values through one reserved block: laid back to back from the cursor (each at the
+        previous one's end rounded up to the granule), written in one Transfer Engine batch (byte values:
+        gathered into one staging range, one contiguous write) and committed with one BatchPutReserved call.
+        Per-key codes (a key that exists reports 0, as with PutStart), or None: put them the two-call way."""
+        if not self.enabled or config.replica_num != 1:
+            return None
+        core = self._core
+        proto = config.to_proto(core._segment_name)
+        pref = tuple(proto.preferred_segments)
+        if not self.batch_enabled:
+            return None
+        granule = self._granule
+        offsets, span = _layout(sizes, granule)
+        if span > MAX_BATCH:
+            return None
+        block = self._take(pref, span, proto)
+        if block is None:
+            return None
+        if block.granule != granule:  # learnt from this master's first block
+            self._granule = granule = block.granule
+            offsets, span = _layout(sizes, granule)
+            if not block.room(span):
+                self._give_back(pref, block)
+                return None
+        start = block.cursor
+        moved = self._write_batch(block, start, offsets, span, sources, registered)
+        if not moved:
+            self._give_back(pref, block)  # nothing committed: the space is reused by the next put
+            return [_TRANSFER_FAIL] * len(keys)
+        sent = time.monotonic()
+        master = core._master
+        if master is None:  # closed meanwhile
+            return [_NOT_READY] * len(keys)
+        try:
+            reply = master.call("BatchPutReserved", reservation_id=block.rid, keys=keys, sizes=sizes,
+                                address=start, config=proto)
+        except grpc.RpcError as e:
+            if _unknown_method(e):  # a master without BatchPutReserved: nothing was committed
+                _log.info("put_batch: the master has no BatchPutReserved; batches take the two-call way")
+                self.batch_enabled = False
+                self._give_back(pref, block)
+                return None
+            code = core.rpc_error_code("BatchPutReserved", e)
+            self._release(block)  # unknown outcome: the block may be gone; never write into it again
+            return [code] * len(keys)
+        if reply.code != OK or len(reply.codes) != len(keys):
+            _log.info("put_batch: reserved block %d refused (%s); putting the batch the two-call way", block.rid,
+                      reply.code)
+            if reply.code == OK:  # a malformed reply: what the master holds is unknown, let it go
+                self._release(block)
+            return None
+        block.cursor = reply.cursor
+        block.confirmed = sent
+        self._give_back(pref, block)
+        return [OK if c == _ALREADY else c for c in reply.codes]
+
+    def _write_batch(self, block: _Block, start: int, offsets: list, span: int, sources: list,
+                     registered: bool) -> bool:
+        """Writes sources[i] (lists of (addr, len)) at start + offsets[i] in the block's segment."""
+        core = self._core
+        remote = not core._is_mine(block.segment)
+        staging = core._staging
+        if remote and not registered:
+            addr = staging.alloc(span)
+            if addr is not None:  # one gather, one contiguous write (the gaps carry nothing)
+                try:
+                    for off, src in zip(offsets, sources):
+                        gather(addr + off, src)
+                    return not core._transfer([(block.segment, addr, start, span, 0)], write=True)
+                finally:
+                    staging.free(addr)
+        ops, releases = [], []
+        try:
+            for off, src in zip(offsets, sources):
+                pinned = core._pin(src, registered, remote, write_out=False)
+                if pinned is None:
+                    return False
+                releases.append(pinned[1])
+                for a, n in pinned[0]:
+                    ops.append((block.segment, a, start + off, n, 0))
+                    off += n
+            return not core._transfer(ops, write=True)
+        finally:
+            for release in releases:
+                release()
 
     def _take(self, pref: tuple, size: int, proto) -> _Block | None:
         """A block with room for `size`, taken out of the pool, confirmed by the master less than FRESH_SEC

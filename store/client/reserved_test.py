@@ -70,6 +70,38 @@ def test_small_values_and_the_local_segment(master):
         assert metrics(master).get("put_reserved", 0) == 200
 
 
+def test_batches_take_one_master_call(master):
+    """put_batch (bytes: one gather, one write) and batch_put_from (registered memory) commit a whole batch
+    with one BatchPutReserved; existing and duplicate keys keep their value and report 0, like put."""
+    with local_store(master.address) as a, local_store(master.address, segment="64MB") as b:
+        cfg = ReplicateConfig(preferred_segment=b.get_hostname())
+        assert a.put("x3", value(99, 1000), cfg) == 0
+        before = metrics(master)
+        for r in range(3):
+            keys = [f"x{r * 10 + j}" for j in range(10)]
+            vals = [value(r * 10 + j, 1000 + 37 * j) for j in range(10)]
+            assert a.put_batch(keys, vals, cfg) == 0
+        buf = np.frombuffer(b"".join(value(100 + j, 4096) for j in range(8)), dtype=np.uint8).copy()
+        assert a.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+        ptrs = [buf.ctypes.data + 4096 * j for j in range(8)]
+        keys = [f"z{j}" for j in range(7)] + ["z0"]  # a duplicate: the first one wins
+        assert a.batch_put_from(keys, ptrs, [4096] * 8, cfg) == [0] * 8
+        after = metrics(master)
+        assert after.get("batch_put_reserved", 0) - before.get("batch_put_reserved", 0) == 4
+        assert after.get("put_start", 0) == before.get("put_start", 0)
+        assert after.get("put_reserved", 0) == before.get("put_reserved", 0)
+        for i in range(30):
+            want = value(99, 1000) if i == 3 else value(i, 1000 + 37 * (i % 10))
+            assert b.get(f"x{i}") == want and a.get(f"x{i}") == want, i
+            assert [d.segment_name for d in a.get_replica_desc(f"x{i}")] == [b.get_hostname()]
+        assert [b.get(f"z{j}") for j in range(7)] == [value(100 + j, 4096) for j in range(7)]
+        assert a.unregister_buffer(buf.ctypes.data) == 0
+        local = ReplicateConfig(preferred_segment=a.get_hostname())  # into this client's own segment: memcpy
+        assert a.put_batch(["l0", "l1"], [value(5, 70), value(6, 7000)], local) == 0
+        assert a.get("l0") == value(5, 70) and a.get("l1") == value(6, 7000)
+        assert metrics(master).get("batch_put_reserved", 0) - before.get("batch_put_reserved", 0) == 5
+
+
 @pytest.mark.parametrize("master", [("--reservation_idle_sec=4",)], indirect=True)
 def test_a_quiet_block_is_renewed_before_use(master):
     with local_store(master.address) as a:
@@ -101,8 +133,11 @@ def test_without_reservations_puts_take_two_calls(master):
         for i in range(5):
             assert a.put(f"k{i}", value(i)) == 0
         assert all(a.get(f"k{i}") == value(i) for i in range(5))
+        assert a.put_batch(["b0", "b1"], [value(7), value(8)]) == 0
+        assert a.get_batch(["b0", "b1"]) == [value(7), value(8)]
         m = metrics(master)
-        assert m.get("put_start", 0) == 5 and m.get("put_reserved", 0) == 0
+        assert m.get("put_start", 0) == 7 and m.get("put_reserved", 0) == 0
+        assert m.get("batch_put_reserved", 0) == 0
 
 
 def test_the_path_can_be_turned_off(master, monkeypatch):

@@ -1,7 +1,8 @@
 """A store client *process* for multi-process tests and the benchmark, driven by JSON lines on stdin.
 
 Run: ``python -m mooncake.store.client.store_worker --master HOST:PORT [--segment 64MB] [--buffer 16MB]
-[--ssd DIR]`` (--ssd: enable_ssd_offload with ssd_offload_path DIR).
+[--ssd DIR] [--metadata P2PHANDSHAKE]`` (--ssd: enable_ssd_offload with ssd_offload_path DIR; --metadata: the
+Transfer Engine's metadata server).
 The first stdout line is {"ready": true, "hostname": ..., "code": setup's return value}. Then each stdin
 line is one request answered by exactly one stdout line, in order:
 
@@ -117,9 +118,10 @@ def main(argv=None) -> int:
     p.add_argument("--segment", default="64MB")
     p.add_argument("--buffer", default="16MB")
     p.add_argument("--ssd", default="")
+    p.add_argument("--metadata", default="P2PHANDSHAKE")
     args = p.parse_args(argv)
     store = MooncakeDistributedStore()
-    code = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, args.buffer, "tcp", "", args.master,
+    code = store.setup("127.0.0.1", args.metadata, args.segment, args.buffer, "tcp", "", args.master,
                        enable_ssd_offload=bool(args.ssd), ssd_offload_path=args.ssd)
     serve_json_lines(lambda req: _handle(store, req),
                      {"ready": True, "code": code, "hostname": store.get_hostname()})

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from mooncake.store.client.validate import KEY, KEYS, STR, typed
 from mooncake.store.master.errors import code_name
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
@@ -104,9 +105,9 @@ class TaskRunner:
             if core._engine.register_memory(addr, size) != 0:
                 return False
         try:
-            if core._transfer([(src.segment_name, addr, src.address, size, 0)], write=False):
+            if core._transfer([(src, addr, src.address, size, 0)], write=False):
                 return False
-            return not core._transfer([(t.segment_name, addr, t.address, size, 0) for t in targets], write=True)
+            return not core._transfer([(t, addr, t.address, size, 0) for t in targets], write=True)
         finally:
             if tmp is None:
                 core._staging.free(addr)
@@ -117,23 +118,26 @@ class TaskRunner:
 class TaskAPI:
     """Mixin for MooncakeDistributedStore: creating and querying copy/move tasks."""
 
+    @typed(key=KEY, targets=KEYS)
     def create_copy_task(self, key, targets) -> tuple[str, int]:
         """(task id, 0) or ("", negative code): copy `key` to each segment in `targets`."""
         if not self._ready("create_copy_task"):
             return "", -1
-        reply = self._rpc("CreateCopyTask", key=key, targets=list(targets))
+        reply = self._rpc("CreateCopyTask", key=key, targets=targets)
         return ("", reply) if isinstance(reply, int) else (reply.task_id, reply.code)
 
+    @typed(key=KEY, source=STR, target=STR)
     def create_move_task(self, key, source: str, target: str) -> tuple[str, int]:
         if not self._ready("create_move_task"):
             return "", -1
         reply = self._rpc("CreateMoveTask", key=key, source=source, target=target)
         return ("", reply) if isinstance(reply, int) else (reply.task_id, reply.code)
 
+    @typed(task_id=STR)
     def query_task(self, task_id: str) -> tuple[QueryTaskResponse | None, int]:
         if not self._ready("query_task"):
             return None, -1
-        reply = self._rpc("QueryTask", task_id=str(task_id))
+        reply = self._rpc("QueryTask", task_id=task_id)
         if isinstance(reply, int):
             return None, reply
         return (QueryTaskResponse(reply.task), 0) if reply.code == 0 else (None, reply.code)

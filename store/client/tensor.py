@@ -10,7 +10,10 @@ A FULL tensor has global_shape == local_shape and no axes; a TP shard (``*_with_
 
 torch is imported on first use. Tensors must be on the CPU; non-contiguous ones are made contiguous (one
 copy). Reads return a tensor owning fresh memory (``get_tensor``) or a view of the caller's registered
-buffer (``get_tensor_into``). Failures return None (reads) or negative codes (writes), with a log line.
+buffer (``get_tensor_into``). Failures return None (reads) or negative codes (writes), with a log line;
+batch forms answer once per key, in order. Wrong Python types (a non-tensor value, a str key, a float rank)
+raise TypeError before anything happens (validate.py); a tensor that cannot be stored (not on the CPU, an
+unsupported dtype, more than 8 dims) is a bad value: INVALID_PARAMS.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import struct
 
 from mooncake.store.client.config import ReplicateConfig
 from mooncake.store.client.memory import buffer_address
+from mooncake.store.client.validate import CONFIG, INT, KEY, KEYS, TENSOR, UINT, seq, typed
 from mooncake.store.master.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
@@ -40,6 +44,8 @@ _INVALID = int(ErrorCode.INVALID_PARAMS)
 _DTYPE_NAMES = ["float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                 "bool", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
 _dtypes: dict | None = None
+_TENSORS = seq(TENSOR)
+_PTRS = seq(UINT)
 
 
 def _torch():
@@ -165,27 +171,35 @@ class TensorAPI:
         del keep
         return results
 
+    @typed(key=KEY, tensor=TENSOR)
     def put_tensor(self, key, tensor) -> int:
         return self._put_tensors("put_tensor", [key], [tensor], None, False)[0]
 
+    @typed(key=KEY, tensor=TENSOR, config=CONFIG)
     def pub_tensor(self, key, tensor, config: ReplicateConfig | None = None) -> int:
         return self._put_tensors("pub_tensor", [key], [tensor], config, False)[0]
 
+    @typed(key=KEY, tensor=TENSOR)
     def upsert_tensor(self, key, tensor) -> int:
         return self._put_tensors("upsert_tensor", [key], [tensor], None, True)[0]
 
+    @typed(key=KEY, tensor=TENSOR, config=CONFIG)
     def upsert_pub_tensor(self, key, tensor, config: ReplicateConfig | None = None) -> int:
         return self._put_tensors("upsert_pub_tensor", [key], [tensor], config, True)[0]
 
+    @typed(keys=KEYS, tensors_list=_TENSORS)
     def batch_put_tensor(self, keys, tensors_list) -> list[int]:
         return self._put_tensors("batch_put_tensor", list(keys), list(tensors_list), None, False)
 
+    @typed(keys=KEYS, tensors_list=_TENSORS, config=CONFIG)
     def batch_pub_tensor(self, keys, tensors_list, config: ReplicateConfig | None = None) -> list[int]:
         return self._put_tensors("batch_pub_tensor", list(keys), list(tensors_list), config, False)
 
+    @typed(keys=KEYS, tensors_list=_TENSORS)
     def batch_upsert_tensor(self, keys, tensors_list) -> list[int]:
         return self._put_tensors("batch_upsert_tensor", list(keys), list(tensors_list), None, True)
 
+    @typed(keys=KEYS, tensors_list=_TENSORS, config=CONFIG)
     def batch_upsert_pub_tensor(self, keys, tensors_list, config: ReplicateConfig | None = None) -> list[int]:
         return self._put_tensors("batch_upsert_pub_tensor", list(keys), list(tensors_list), config, True)
 
@@ -209,28 +223,35 @@ class TensorAPI:
             out[n] = out[n] or c
         return out
 
+    @typed(key=KEY, tensor=TENSOR, tp_rank=INT, tp_size=INT, split_dim=INT)
     def put_tensor_with_tp(self, key, tensor, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> int:
         return self._put_tp("put_tensor_with_tp", [key], [tensor], None, tp_size, split_dim)[0]
 
+    @typed(key=KEY, tensor=TENSOR, config=CONFIG, tp_rank=INT, tp_size=INT, split_dim=INT)
     def pub_tensor_with_tp(self, key, tensor, config: ReplicateConfig | None = None, tp_rank: int = 0,
                            tp_size: int = 1, split_dim: int = 0) -> int:
         return self._put_tp("pub_tensor_with_tp", [key], [tensor], config, tp_size, split_dim)[0]
 
+    @typed(base_keys=KEYS, tensors_list=_TENSORS, tp_rank=INT, tp_size=INT, split_dim=INT)
     def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank: int = 0, tp_size: int = 1,
                                  split_dim: int = 0) -> list[int]:
         return self._put_tp("batch_put_tensor_with_tp", list(base_keys), list(tensors_list), None, tp_size,
                             split_dim)
 
+    @typed(key=KEY, buffer_ptr=UINT, size=UINT)
     def put_tensor_from(self, key, buffer_ptr: int, size: int) -> int:
         """Stores an already serialized tensor (header + data, `size` bytes) from registered memory."""
         return self.put_from(key, buffer_ptr, size)
 
+    @typed(keys=KEYS, buffer_ptrs=_PTRS, sizes=_PTRS)
     def batch_put_tensor_from(self, keys, buffer_ptrs, sizes) -> list[int]:
         return self.batch_put_from(keys, buffer_ptrs, sizes)
 
+    @typed(key=KEY, buffer_ptr=UINT, size=UINT)
     def upsert_tensor_from(self, key, buffer_ptr: int, size: int) -> int:
         return self.upsert_from(key, buffer_ptr, size)
 
+    @typed(keys=KEYS, buffer_ptrs=_PTRS, sizes=_PTRS)
     def batch_upsert_tensor_from(self, keys, buffer_ptrs, sizes) -> list[int]:
         return self.batch_upsert_from(keys, buffer_ptrs, sizes)
 
@@ -253,41 +274,49 @@ class TensorAPI:
                 out.append(None)
         return out
 
+    @typed(key=KEY)
     def get_tensor(self, key):
         return self._get_tensors("get_tensor", [key])[0]
 
+    @typed(keys=KEYS)
     def batch_get_tensor(self, keys) -> list:
         return self._get_tensors("batch_get_tensor", list(keys))
 
+    @typed(key=KEY, tp_rank=INT, tp_size=INT, split_dim=INT)
     def get_tensor_with_tp(self, key, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0):
         return self._get_tensors("get_tensor_with_tp", [f"{key}_tp_{tp_rank}"])[0]
 
+    @typed(base_keys=KEYS, tp_rank=INT, tp_size=INT)
     def batch_get_tensor_with_tp(self, base_keys, tp_rank: int = 0, tp_size: int = 1) -> list:
         return self._get_tensors("batch_get_tensor_with_tp", [f"{k}_tp_{tp_rank}" for k in base_keys])
 
+    @typed(key=KEY, buffer_ptr=UINT, size=UINT)
     def get_tensor_into(self, key, buffer_ptr: int, size: int):
         """Reads the object into registered memory and returns a tensor viewing it (None on failure)."""
         return self.batch_get_tensor_into([key], [buffer_ptr], [size])[0]
 
+    @typed(keys=KEYS, buffer_ptrs=_PTRS, sizes=_PTRS)
     def batch_get_tensor_into(self, keys, buffer_ptrs, sizes) -> list:
         torch = _torch()
         out = []
-        for key, ptr, n in zip(keys, buffer_ptrs, self.batch_get_into(keys, buffer_ptrs, sizes)):
-            if n < 0:
+        for i, n in enumerate(self.batch_get_into(keys, buffer_ptrs, sizes)):  # one result per key
+            if n < 0:  # (n >= 0: the lists matched, buffer_ptrs[i] exists)
                 out.append(None)
                 continue
-            view = torch.frombuffer((ctypes.c_ubyte * n).from_address(ptr), dtype=torch.uint8)
+            view = torch.frombuffer((ctypes.c_ubyte * n).from_address(buffer_ptrs[i]), dtype=torch.uint8)
             try:
                 out.append(_from_uint8(view, n))
             except ValueError as e:
-                _log.error("get_tensor_into %r: %s", key, e)
+                _log.error("get_tensor_into %r: %s", keys[i], e)
                 out.append(None)
         return out
 
+    @typed(key=KEY, buffer_ptr=UINT, size=UINT, tp_rank=INT, tp_size=INT, split_dim=INT)
     def get_tensor_with_tp_into(self, key, buffer_ptr: int, size: int, tp_rank: int = 0, tp_size: int = 1,
                                 split_dim: int = 0):
         return self.get_tensor_into(f"{key}_tp_{tp_rank}", buffer_ptr, size)
 
+    @typed(base_keys=KEYS, buffer_ptrs=_PTRS, sizes=_PTRS, tp_rank=INT, tp_size=INT)
     def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank: int = 0,
                                       tp_size: int = 1) -> list:
         return self.batch_get_tensor_into([f"{k}_tp_{tp_rank}" for k in base_keys], buffer_ptrs, sizes)

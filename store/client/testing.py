@@ -1,12 +1,13 @@
 """``StoreWorker``: a store client process (store_worker.py) for multi-process tests and the benchmark.
 Waits are bounded (``timeout``); ``stop`` exits it cleanly, then terminates / kills it. ``local_store``: a
-store client in the test's own process.
+store client in the test's own process. ``SoakWorker``: a process running soak_worker.py's timed load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 
@@ -30,9 +31,9 @@ def local_store(master: str, segment: str = "32MB", buffer: str = "8MB"):
 
 class StoreWorker:
     def __init__(self, master: str, segment: str = "64MB", buffer: str = "16MB", timeout: float = 60.0,
-                 env: dict | None = None, ssd: str = "") -> None:
+                 env: dict | None = None, ssd: str = "", metadata: str = "P2PHANDSHAKE") -> None:
         cmd = [sys.executable, "-m", "mooncake.store.client.store_worker", "--master", master,
-               "--segment", str(segment), "--buffer", str(buffer), "--ssd", str(ssd)]
+               "--segment", str(segment), "--buffer", str(buffer), "--ssd", str(ssd), "--metadata", metadata]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**child_env(), **(env or {})})
         try:
@@ -72,4 +73,49 @@ class StoreWorker:
                 self.proc.wait(10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
+        stop_process(self.proc, 3)
+
+
+class SoakWorker:
+    """soak_worker.py in a child process: ``SoakWorker(master, seconds, seed, **flags)`` waits for its ready
+    line (``ready`` is its dict: ``ready["ready"]`` False when every setup attempt failed); ``result`` waits
+    for the summary. Flags are soak_worker's (hostname=, metadata=, segment=, ...). ``kill``: SIGKILL;
+    ``pause`` / ``resume``: SIGSTOP / SIGCONT. ``returncode`` is the child's (negative: the signal that
+    ended it, e.g. -11 for SIGSEGV)."""
+
+    def __init__(self, master: str, seconds: float, seed: int, timeout: float = 60.0, env: dict | None = None,
+                 **flags) -> None:
+        cmd = [sys.executable, "-m", "mooncake.store.client.soak_worker", "--master", master,
+               "--seconds", str(seconds), "--seed", str(seed)]
+        for k, v in flags.items():
+            cmd += [f"--{k}", str(v)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                     env={**child_env(), **(env or {})})
+        try:
+            self.ready = json.loads(read_line(self.proc, timeout))
+        except (TimeoutError, RuntimeError, ValueError):
+            stop_process(self.proc, 2)
+            raise
+
+    def result(self, timeout: float) -> dict:
+        """The summary line (see soak_worker.py); TimeoutError / RuntimeError when it does not come."""
+        return json.loads(read_line(self.proc, timeout))
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> int:
+        self.proc.kill()
+        return self.proc.wait(5)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.resume()
         stop_process(self.proc, 3)

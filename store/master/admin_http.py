@@ -7,7 +7,9 @@
   GET /get_all_segments JSON list of segment names
   GET /query_key?key=K  JSON {"success": true, "data": {...replicas...}}; 404 {"success": false,
                         "error_code": -704} when absent (read-only: no lease, no LRU touch)
-Anything else: 404; methods other than GET: 405.
+Anything else: 404; methods other than GET: 405; a request with a body: 413 (both close the connection).
+Connections are bounded as for the metadata server (http_metadata_server.BoundedHTTPServer), at most
+MAX_CONNECTIONS of them.
 
 Threading: one thread per connection (ThreadingHTTPServer); every handler reads the service through its
 thread-safe methods. ``start`` raises OSError when the port cannot be bound.
@@ -15,16 +17,16 @@ thread-safe methods. ``start`` raises OSError when the port cannot be bound.
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import threading
 import urllib.parse
 
-from mooncake.http_metadata_server import send_reply
+from mooncake.http_metadata_server import BoundedHandler, BoundedHTTPServer, send_reply
 from mooncake.store.master.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.master.admin")
+MAX_CONNECTIONS = 256
 
 
 def summary_text(s: dict) -> str:
@@ -35,9 +37,8 @@ def summary_text(s: dict) -> str:
             f"leases {s['leases']}, pins hard {s['hard_pinned']} soft {s['soft_pinned']}, tasks {s['tasks']}\n")
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server_version = "mooncake-master-admin/1"
-    protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt: str, *args) -> None:
         _log.debug("%s %s", self.address_string(), fmt % args)
@@ -48,6 +49,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         send_reply(self, code, body, content_type)
 
     def do_GET(self) -> None:
+        if self.refuse_body():
+            return
         svc = self.server.service  # type: ignore[attr-defined]
         url = urllib.parse.urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
@@ -76,6 +79,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._reply(404, {"success": False, "error": f"no such endpoint: {url.path}"})
 
     def _not_allowed(self) -> None:
+        self.close_connection = True  # its body (if any) is not read
         self._reply(405, {"success": False, "error": "method not allowed"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
@@ -83,8 +87,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class AdminHttpServer:
     def __init__(self, service, host: str = "0.0.0.0", port: int = 9003) -> None:
-        self._httpd = http.server.ThreadingHTTPServer((host, port), _Handler)  # binds now (OSError if taken)
-        self._httpd.daemon_threads = True
+        self._httpd = BoundedHTTPServer((host, port), _Handler, max_connections=MAX_CONNECTIONS)  # binds now
         self._httpd.service = service  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
 
@@ -103,3 +106,4 @@ class AdminHttpServer:
             self._thread.join(timeout=5)
             self._thread = None
         self._httpd.server_close()
+        self._httpd.close_connections()

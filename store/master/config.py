@@ -7,12 +7,26 @@ import dataclasses
 from mooncake.store.master.segments import ALLOCATION_STRATEGIES
 
 MAX_REPLICA_NUM = 64
-MAX_KEY_BYTES = 4096
+# Keys are non-empty UTF-8 strings of at most this many bytes (master and clients; integrations build long
+# keys from model names, hashes and ranks). A batch request carries all its keys: within MAX_REQUEST_BYTES
+# that is about a thousand keys of the maximum length (the usual keys of a few hundred bytes: ~100 000).
+MAX_KEY_BYTES = 64 << 10
 # gRPC options shared by the master and its clients: large batches must not hit the 4 MiB default.
 MAX_MESSAGE_BYTES = 256 << 20
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+# The largest request the master takes through either door (gRPC, fast_rpc), like the engine's
+# MC_TCP_MAX_FRAME; replies may be larger (MAX_MESSAGE_BYTES). A larger request is refused, not buffered.
+MAX_REQUEST_BYTES = 64 << 20
+# The master's gRPC server: requests up to MAX_REQUEST_BYTES, at most 64 calls in progress per connection and
+# 1024 connections (a request being received holds at most its own size: gRPC reads it as it arrives).
+GRPC_SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_concurrent_streams", 64),
+    ("grpc.max_allowed_incoming_connections", 1024),
 ]
 
 

@@ -17,8 +17,23 @@ the heartbeat ping now rather than at its next period.
 
 Fast path: ``use_fast_path()`` asks the master (GetServiceInfo) for its framed-protobuf port
 (fast_rpc.py) and then sends every call there (~3x lower latency than Python gRPC). A call whose connection
-cannot be opened goes over gRPC instead (nothing was sent); a call that failed after sending raises (it may
-have run) and the fast path is dropped until the heartbeat rediscovers it (e.g. after a master restart).
+cannot be opened goes over gRPC instead (nothing was sent); after a call that failed once sent, the fast path
+is dropped until the heartbeat rediscovers it (e.g. after a master restart) and the call follows the rule below.
+
+Master restarts and outages (``call``): a call waits for an unreachable master and retries with backoff,
+all within its timeout (``MC_RPC_TIMEOUT_MS`` for store clients), where retrying is safe:
+- a request that never left (no connection) is always resent;
+- reads and idempotent calls (``IDEMPOTENT``) are resent after any broken connection;
+- any other call that may have reached the master (the connection broke after sending) is resent only when
+  the master answering now is another process (its ``view_version`` differs from the one this client knew
+  when it sent): the process that may have run it is gone, and its state with it. Otherwise it raises (it
+  may have run: resending a PutStart would find its own put in progress);
+- a call that timed out is never resent (no time is left), nor is ``Ping`` (the heartbeat is its own loop).
+A view change seen this way (or by the heartbeat) makes the calling thread ping at once, so this client
+re-mounts its segments before the call is resent. A put start refused with NO_AVAILABLE_HANDLE by a master
+that restarted lately (``RESTART_WAIT_SEC``; the master holds back remounted segments for a moment,
+segments.py) is resent too, until its timeout, unless some key of the batch got space.
+``limit_timeout`` caps every later call's wait (``close``: a master that is away is not waited for).
 
 Threading: a MasterClient may be shared by threads (gRPC channels are thread-safe); the heartbeat runs in
 its own daemon thread and stops with ``close``.
@@ -28,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 import grpc
@@ -40,6 +56,21 @@ from mooncake.store.proto import mooncake_master_pb2_grpc as pb_grpc
 _log = logging.getLogger("mooncake.store.master.client")
 _SERVICE = pb.DESCRIPTOR.services_by_name["MasterService"]
 _REQUEST_TYPES = {m.name: getattr(pb, m.input_type.name) for m in _SERVICE.methods}
+
+# Calls that may be resent after a broken connection whatever became of the first attempt: reads (a second
+# lookup grants one more lease, nothing else) and calls whose repetition answers OK without another effect.
+IDEMPOTENT = frozenset({"GetServiceInfo", "ExistKey", "BatchExistKey", "GetReplicaList", "BatchGetReplicaList",
+                        "GetReplicaListByRegex", "QueryTask", "MountSegment", "ReMountSegment", "UnmountSegment"})
+_NEVER_RESENT = frozenset({"Ping"})
+_PUT_STARTS = frozenset({"PutStart", "BatchPutStart", "UpsertStart", "BatchUpsertStart"})
+RESTART_WAIT_SEC = 10.0  # after a master restart, a put start without space waits (segments are remounting)
+_BACKOFF_SEC = (0.02, 0.5)  # first and longest pause between attempts
+_MIN_ATTEMPT_SEC = 0.01
+_NO_SPACE = -200  # ErrorCode.NO_AVAILABLE_HANDLE
+# A lost master is retried at least every 0.5 s (gRPC's default backoff grows to 2 minutes).
+_CHANNEL_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 100),
+                                   ("grpc.min_reconnect_backoff_ms", 100),
+                                   ("grpc.max_reconnect_backoff_ms", 500)]
 
 
 def replicate_config(replica_num: int = 1, preferred_segments=(), with_soft_pin: bool = False,
@@ -60,7 +91,7 @@ class MasterClient:
         self.address = address
         self.client_id = client_id or uuid.uuid4().hex
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.MasterServiceStub(self._channel)
         self._segments: dict[str, pb.Segment] = {}
         self._seg_lock = threading.Lock()
@@ -78,13 +109,20 @@ class MasterClient:
         self._drop_ack = 0  # PingReply.drop_seq of the last drop notices handled
         self._hb_wake = threading.Event()
         self._ping_lock = threading.Lock()
+        self._pinging = 0  # thread id holding _ping_lock (a hook's call must not ping again)
+        self.restarted_at = float("-inf")  # time.monotonic() when this client last saw a new view
+        # (view_version, time.monotonic() when it was sent) of the last answered ping: that master was alive then
+        self.confirmed = (0, float("-inf"))
+        self._closed = False
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
         grpc.channel_ready_future(self._channel).result(timeout=timeout)
 
     def call(self, method: str, timeout: float | None = None, **fields):
-        """Sends RPC `method` with a request built from `fields` (client_id added when the request has one)."""
+        """Sends RPC `method` with a request built from `fields` (client_id added when the request has one),
+        waiting for an unreachable master and resending where safe (module docstring), all within `timeout`
+        (default: the client's). Raises grpc.RpcError when no attempt got a reply."""
         try:
             req_type = _REQUEST_TYPES[method]
         except KeyError:
@@ -92,17 +130,96 @@ class MasterClient:
         if "client_id" in req_type.DESCRIPTOR.fields_by_name and "client_id" not in fields:
             fields["client_id"] = self.client_id
         request = req_type(**fields)
+        deadline = time.monotonic() + min(timeout or self.timeout, self.timeout)
+        pause = _BACKOFF_SEC[0]
+        while True:
+            if self._closed:
+                raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: the master client is closed", sent=False)
+            view = self.view_version
+            try:
+                reply = self._send(method, request, deadline)
+            except grpc.RpcError as e:
+                if method in _NEVER_RESENT or not self._may_resend(method, e, view, deadline):
+                    raise
+                outcome = e
+            else:
+                if method not in _PUT_STARTS or not self._no_space_after_restart(reply, view, deadline):
+                    return reply
+                outcome = reply
+            wait = min(pause, deadline - time.monotonic() - _MIN_ATTEMPT_SEC)
+            if wait < 0:
+                if isinstance(outcome, grpc.RpcError):
+                    raise outcome
+                return outcome
+            time.sleep(wait)
+            pause = min(pause * 2, _BACKOFF_SEC[1])
+
+    def _send(self, method: str, request, deadline: float):
+        """One attempt: the fast path when in use (a connection that cannot be opened falls through to gRPC),
+        else gRPC, which waits for the channel to (re)connect until `deadline`."""
+        left = max(_MIN_ATTEMPT_SEC, deadline - time.monotonic())
         fast = self._fast
         if fast is not None:
             try:
-                return fast.call(method, request, timeout or self.timeout)
+                return fast.call(method, request, left)
             except FastRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
                 self._drop_fast(fast, e)
                 if e.sent:
                     raise
-        return getattr(self.stub, method)(request, timeout=timeout or self.timeout)
+                left = max(_MIN_ATTEMPT_SEC, deadline - time.monotonic())
+        try:
+            return getattr(self.stub, method)(request, timeout=left, wait_for_ready=True)
+        except ValueError:  # the channel was closed meanwhile (close)
+            raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: the master client is closed",
+                               sent=False) from None
+
+    def _may_resend(self, method: str, e: grpc.RpcError, view: int, deadline: float) -> bool:
+        """Whether a call that raised `e` (sent while this client knew master view `view`) is safe to send again."""
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            return False  # timed out (no time left), refused or failed inside the master: its answer stands
+        if isinstance(e, FastRpcError) and not e.sent:
+            return True
+        if method in IDEMPOTENT:
+            return True
+        if self._master_changed(view, deadline):
+            return True
+        _log.warning("%s failed after it was sent (%s) and the master did not restart: not resent (it may have "
+                     "run)", method, e.details() if hasattr(e, "details") else e.code())
+        return False
+
+    def _no_space_after_restart(self, reply, view: int, deadline: float) -> bool:
+        """Whether a put start's reply is a restarted master's "no space yet" (its segments are being
+        remounted, or held back): no key got space and one was refused NO_AVAILABLE_HANDLE."""
+        codes = [r.code for r in reply.results] if hasattr(reply, "results") else [reply.code]
+        if _NO_SPACE not in codes or 0 in codes:
+            return False
+        changed = self._master_changed(view, deadline)
+        return changed or time.monotonic() - self.restarted_at < RESTART_WAIT_SEC
+
+    def _master_changed(self, view: int, deadline: float) -> bool:
+        """Asks the master for its view (waiting for it until `deadline`): True when it is not `view`, i.e. a
+        new master process answers; then this thread pings it so that this client's segments are remounted."""
+        try:  # GetServiceInfo is idempotent: this waits for a master that is away (resending it)
+            now_view = self.call("GetServiceInfo", timeout=max(_MIN_ATTEMPT_SEC, deadline - time.monotonic())
+                                 ).view_version
+        except grpc.RpcError as e:
+            _log.debug("master view unknown: %s", e.code())
+            return False
+        if now_view == view:
+            return False
+        self.restarted_at = time.monotonic()
+        if self._pinging != threading.get_ident():
+            try:
+                self.ping_once()
+            except grpc.RpcError as e:
+                _log.debug("ping after a master restart failed: %s", e.code())
+        return True
+
+    def limit_timeout(self, seconds: float) -> None:
+        """Every later call waits for the master at most `seconds` (e.g. while closing)."""
+        self.timeout = min(self.timeout, seconds)
 
     def use_fast_path(self) -> bool:
         """Switches to the master's framed-protobuf door if it has one; True when in use."""
@@ -139,15 +256,23 @@ class MasterClient:
         """One ping (its hooks run before it returns); on NEED_REMOUNT re-mounts the remembered segments
         (ReMountSegment)."""
         with self._ping_lock:
-            return self._ping_locked()
+            self._pinging = threading.get_ident()
+            try:
+                return self._ping_locked()
+            finally:
+                self._pinging = 0
 
     def _ping_locked(self) -> pb.PingReply:
         capacity = self.offload_capacity() if self.offload_capacity is not None else 0
+        sent = time.monotonic()
         reply = self.call("Ping", timeout=min(self.timeout, 5.0), offload_capacity=max(0, capacity),
                           drop_ack=self._drop_ack)
+        if reply.view_version != self.view_version:
+            self.restarted_at = time.monotonic()
         if self._fast_wanted and (self._fast is None or reply.view_version != self.view_version):
             self.use_fast_path()  # first ping after a master restart, or after the fast door failed
         self.view_version = reply.view_version
+        self.confirmed = (reply.view_version, sent)
         if reply.drop_disk and self.on_disk_drops is not None:
             if self.on_disk_drops(list(reply.drop_disk)) is not False:
                 self._drop_ack = reply.drop_seq
@@ -202,7 +327,9 @@ class MasterClient:
                 _log.exception("heartbeat round failed")
 
     def close(self) -> None:
-        """Stops the heartbeat and closes the channel (segments stay mounted; unmount them first if needed)."""
+        """Stops the heartbeat and closes the channel (segments stay mounted; unmount them first if needed).
+        Calls in flight in other threads then fail (RPC_FAIL), later ones at once."""
+        self._closed = True
         self._hb_stop.set()
         self._hb_wake.set()
         if self._hb_thread is not None:

@@ -4,6 +4,7 @@ A two-call put (PutStart, write, PutEnd) pays two master round trips. With a res
 for a block (placed like a one-replica put), then for each object writes its bytes at the block's cursor and
 commits them with one PutReserved: the master carves the object off the front of the block (an ordinary
 allocation from then on: freed, evicted, leased like any other) and it is readable when the call returns.
+BatchPutReserved does the same for several objects written back to back (put_reserved_batch).
 
 Contract:
 - A block belongs to one client; commits must come in cursor order (the client serializes its use of a
@@ -128,6 +129,46 @@ class ReservationMixin:
             del self.reservations[rid]
         self._commit_new_locked(key, [replica], now, config)
         return OK, seg.base + r.cursor
+
+    def put_reserved_batch(self, client_id: str, rid: int, keys: list[str], sizes: list[int], address: int,
+                           config: PutConfig) -> tuple[ErrorCode, list[ErrorCode], int]:
+        """Commits keys[i] (sizes[i] bytes) laid back to back from `address` (the block's cursor), each at the
+        previous one's end rounded up to the granule. Returns (block code, per-key codes, cursor afterwards).
+        The block code is OK, or OBJECT_NOT_FOUND / INVALID_PARAMS when nothing was stored and the block is gone.
+        A key that is taken (or invalid) is not stored and its space goes back to the pool; the cursor moves
+        past the whole batch either way."""
+        with self._lock:
+            out = self._put_reserved_batch_locked(client_id, rid, keys, sizes, address, config, self._clock())
+            self.metrics.count("batch_put_reserved", out[0])
+            return out
+
+    def _put_reserved_batch_locked(self, client_id, rid, keys, sizes, address, config, now):
+        r = self.reservations.get(rid)
+        if r is None or r.client_id != client_id or not r.segment.mounted:
+            return ErrorCode.OBJECT_NOT_FOUND, [], 0
+        seg = r.segment
+        spans = [seg.allocator.rounded(n) for n in sizes]
+        if (len(keys) != len(sizes) or not keys or config.replica_num != 1 or any(n <= 0 for n in sizes)
+                or address != seg.base + r.cursor or r.cursor + sum(spans) > r.end):
+            _log.warning("client %s committed %d objects at %#x but its block %d is at %#x..%#x: block dropped",
+                         client_id, len(keys), address, rid, seg.base + r.cursor, seg.base + r.end)
+            self._free_reservation_locked(r)
+            return ErrorCode.INVALID_PARAMS, [], 0
+        r.last_used = now
+        codes = []
+        for key, size, span in zip(keys, sizes, spans):
+            code = self._check_key(key)
+            if code == OK and self._put_conflict_locked(key, now):
+                code = ErrorCode.OBJECT_ALREADY_EXISTS
+            if code == OK:
+                self._commit_new_locked(key, [Replica(seg, r.cursor, self._shared_size(size))], now, config)
+            else:  # not stored: the space returns to the pool (the client wrote there; nobody reads it)
+                self.segments.release(Replica(seg, r.cursor, span))
+            codes.append(code)
+            r.cursor += span
+        if r.cursor == r.end:
+            del self.reservations[rid]
+        return OK, codes, seg.base + r.cursor
 
     def _put_conflict_locked(self, key: str, now: float) -> bool:
         """Whether a put of `key` finds it taken: committed, only on disk, or being put (a put stuck for

@@ -161,3 +161,48 @@ def test_placement_follows_the_preferred_segment(clock):
         _, r = svc.reserve_space("w", 4096, 64, PutConfig(preferred_segments=("seg2",)))
         assert r.segment.name == "seg2"
         svc.release_space("w", r.id)
+
+
+def test_batch_is_carved_back_to_back_and_taken_keys_free_their_space(clock):
+    svc = make(clock)
+    code, r = svc.reserve_space("w", 1 * MiB, 64 * KiB, PutConfig())
+    assert code == E.OK
+    start = BASE + r.cursor
+    assert svc.put_reserved("w", r.id, "taken", 100, start, PutConfig()) == (E.OK, start + 128)
+    used0 = used(svc)
+    code, codes, cursor = svc.put_reserved_batch("w", r.id, ["a", "taken", "b", "a"], [5000, 300, 64, 10],
+                                                 start + 128, PutConfig(with_hard_pin=True))
+    assert code == E.OK
+    assert codes == [E.OK, E.OBJECT_ALREADY_EXISTS, E.OK, E.OBJECT_ALREADY_EXISTS]  # duplicates: the first wins
+    assert cursor == start + 128 + 5056 + 320 + 64 + 64  # each rounded up to the 64-byte granule
+    assert svc.get_replica_list("a")[1][0].address == start + 128
+    assert svc.get_replica_list("b")[1][0].address == start + 128 + 5056 + 320
+    assert svc.get_replica_list("taken")[1][0].size == 100  # unchanged
+    assert "a" in svc.table.hard_pins and "b" in svc.table.hard_pins
+    assert used(svc) == used0 - 320 - 64  # the space of the keys not stored went back to the pool
+    assert svc.release_space("w", r.id) == E.OK
+    assert used(svc) == 128 + 5056 + 64
+
+
+def test_batch_misuse_drops_the_block_and_stores_nothing(clock):
+    svc = make(clock)
+    _, r = svc.reserve_space("w", 1 * MiB, 64 * KiB, PutConfig())
+    start = BASE + r.cursor
+    assert svc.put_reserved_batch("x", r.id, ["a"], [10], start, PutConfig())[0] == E.OBJECT_NOT_FOUND  # not yours
+    assert svc.put_reserved_batch("w", r.id, ["a"], [10], start + 64, PutConfig())[0] == E.INVALID_PARAMS
+    assert svc.put_reserved_batch("w", r.id, ["a"], [10], start, PutConfig())[0] == E.OBJECT_NOT_FOUND  # gone
+    assert used(svc) == 0 and svc.get_replica_list("a")[0] == E.OBJECT_NOT_FOUND
+    for keys, sizes in ((["a", "b"], [10]), ([], []), (["a"], [0]), (["a", "b"], [MiB, 10])):  # past the end
+        _, r = svc.reserve_space("w", 1 * MiB, 64 * KiB, PutConfig())
+        code, codes, cursor = svc.put_reserved_batch("w", r.id, keys, sizes, BASE + r.cursor, PutConfig())
+        assert (code, codes, cursor) == (E.INVALID_PARAMS, [], 0), (keys, sizes)
+        assert used(svc) == 0 and "a" not in svc.table.objects
+
+
+def test_batch_that_fills_the_block_ends_it(clock):
+    svc = make(clock)
+    _, r = svc.reserve_space("w", 64 * KiB, 64 * KiB, PutConfig())
+    start = BASE + r.cursor
+    code, codes, cursor = svc.put_reserved_batch("w", r.id, ["a", "b"], [32 * KiB, 32 * KiB], start, PutConfig())
+    assert code == E.OK and codes == [E.OK, E.OK] and cursor == start + 64 * KiB
+    assert r.id not in svc.reservations and svc.reserved_bytes() == 0

@@ -4,14 +4,18 @@
 the locking) and builds the reply; per-item errors travel in reply ``code`` fields. An unexpected exception
 is logged and answered with gRPC status INTERNAL (the client sees RPC_FAIL); it never kills the server.
 
-``MasterServer`` owns the process-level pieces: the gRPC server (a thread pool of --max_threads), the
-service's monitor thread, the admin/metrics HTTP server and, if enabled, the embedded HTTP metadata server.
+``MasterServer`` owns the process-level pieces: the gRPC server (``_GrpcDoor``: requests are received on an
+asyncio event loop, handlers run on a pool of --max_threads, so calls whose request never completes hold no
+worker), the fast RPC door, the service's monitor thread, the admin/metrics HTTP server and, if enabled, the
+embedded HTTP metadata server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import threading
 import time
 from concurrent import futures
 
@@ -19,7 +23,7 @@ import grpc
 
 import mooncake
 from mooncake.store.master.admin_http import AdminHttpServer
-from mooncake.store.master.config import GRPC_OPTIONS, MAX_KEY_BYTES, MasterConfig
+from mooncake.store.master.config import GRPC_SERVER_OPTIONS, MAX_KEY_BYTES, MAX_REQUEST_BYTES, MasterConfig
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.fast_rpc import FastRpcServer
 from mooncake.store.master.objects import DiskReplica, PutConfig, ReplicaStatus
@@ -341,12 +345,80 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.PutReservedReply(code=code, cursor=cursor)
 
     @_rpc
+    def BatchPutReserved(self, request, context):
+        code, codes, cursor = self.svc.put_reserved_batch(request.client_id, request.reservation_id,
+                                                          list(request.keys), list(request.sizes), request.address,
+                                                          _put_config(request))
+        return pb.BatchPutReservedReply(code=code, codes=codes, cursor=cursor)
+
+    @_rpc
     def ReleaseSpace(self, request, context):
         return pb.StatusReply(code=self.svc.release_space(request.client_id, request.reservation_id))
 
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _GrpcDoor:
+    """The gRPC server: grpc.aio on an event loop thread of its own, the servicer's (synchronous) handlers on
+    a pool of `max_threads`. A request is handed to a worker only once it has arrived completely, so clients
+    that announce requests and never finish them (or trickle them) tie up no worker: the other clients keep
+    being served. Limits: config.GRPC_SERVER_OPTIONS.
+
+    The constructor binds `address` (OSError when it cannot); start/stop/wait are called from one control
+    thread; stop is idempotent."""
+
+    def __init__(self, servicer: MasterServicer, address: str, max_threads: int) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._pool = futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="master-rpc")
+        self._thread = threading.Thread(target=self._loop.run_forever, name="master-grpc-loop", daemon=True)
+        self._thread.start()
+        self._stopped = threading.Event()
+        self._server = None
+        try:
+            self._server, self.port = self._run(self._create(servicer, address))
+        except BaseException:
+            self._shutdown_loop()
+            raise
+
+    async def _create(self, servicer: MasterServicer, address: str):
+        # so_reuseport off: a second master on the same port must fail, not silently share it.
+        server = grpc.aio.server(migration_thread_pool=self._pool,
+                                 options=GRPC_SERVER_OPTIONS + [("grpc.so_reuseport", 0)])
+        pb_grpc.add_MasterServiceServicer_to_server(servicer, server)
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise OSError(f"cannot bind the RPC port {address}: {e}") from None
+        if port == 0:
+            raise OSError(f"cannot bind the RPC port {address}")
+        return server, port
+
+    def _run(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self) -> None:
+        self._run(self._server.start())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def stop(self, grace: float) -> None:
+        if self._stopped.is_set():
+            return
+        try:
+            self._run(self._server.stop(grace), timeout=grace + 30.0)
+        finally:
+            self._shutdown_loop()
+
+    def _shutdown_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._stopped.set()
 
 
 class MasterServer:
@@ -357,7 +429,7 @@ class MasterServer:
     def __init__(self, config: MasterConfig | None = None, service: MasterService | None = None) -> None:
         self.config = config or MasterConfig()
         self.service = service or MasterService(self.config)
-        self._grpc: grpc.Server | None = None
+        self._grpc: _GrpcDoor | None = None
         self._fast: FastRpcServer | None = None
         self._admin: AdminHttpServer | None = None
         self._metadata = None
@@ -379,28 +451,19 @@ class MasterServer:
     def start(self) -> "MasterServer":
         c = self.config
         try:
-            # so_reuseport off: a second master on the same port must fail, not silently share it.
-            server = grpc.server(futures.ThreadPoolExecutor(max_workers=c.max_threads, thread_name_prefix="master-rpc"),
-                                 options=GRPC_OPTIONS + [("grpc.so_reuseport", 0)])
             servicer = MasterServicer(self.service)
-            pb_grpc.add_MasterServiceServicer_to_server(servicer, server)
-            try:
-                port = server.add_insecure_port(_host_port(c.rpc_address, c.port))
-            except RuntimeError as e:
-                raise OSError(f"cannot bind the RPC port {_host_port(c.rpc_address, c.port)}: {e}") from None
-            if port == 0:
-                raise OSError(f"cannot bind the RPC port {_host_port(c.rpc_address, c.port)}")
-            self.port = port
+            self._grpc = _GrpcDoor(servicer, _host_port(c.rpc_address, c.port), c.max_threads)
+            self.port = self._grpc.port
             if c.fast_rpc_port >= 0:
-                self._fast = FastRpcServer(servicer, c.rpc_address, c.fast_rpc_port).start()
+                self._fast = FastRpcServer(servicer, c.rpc_address, c.fast_rpc_port,
+                                           max_frame=MAX_REQUEST_BYTES).start()
                 servicer.fast_rpc_port = self._fast.port
             if c.enable_metric_reporting:
                 self._admin = AdminHttpServer(self.service, c.metrics_host, c.metrics_port).start()
             if c.enable_http_metadata_server:
                 from mooncake.http_metadata_server import HttpMetadataServer
                 self._metadata = HttpMetadataServer(c.http_metadata_server_host, c.http_metadata_server_port).start()
-            server.start()
-            self._grpc = server
+            self._grpc.start()
             self.service.start_monitor()
         except BaseException:
             self.stop()
@@ -408,7 +471,7 @@ class MasterServer:
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._grpc.wait_for_termination(timeout) if self._grpc else True
+        return self._grpc.wait(timeout) if self._grpc else True
 
     def stop(self, grace: float = 1.0) -> None:
         """Idempotent; stops accepting RPCs, lets running ones finish for `grace` s, stops the helpers."""
@@ -416,7 +479,7 @@ class MasterServer:
             self._fast.stop()
             self._fast = None
         if self._grpc is not None:
-            self._grpc.stop(grace).wait()
+            self._grpc.stop(grace)
             self._grpc = None
         self.service.stop_monitor()
         if self._admin is not None:

@@ -5,9 +5,10 @@ import threading
 import urllib.error
 import urllib.request
 
+import grpc
 import pytest
 
-from mooncake.store.master.config import MasterConfig
+from mooncake.store.master.config import MAX_KEY_BYTES, MasterConfig
 from mooncake.store.master.errors import ErrorCode as E
 from mooncake.store.master.master_client import MasterClient, replicate_config, segment
 from mooncake.store.master.rpc_server import MasterServer
@@ -48,7 +49,7 @@ def clean(server):
 def test_service_info_and_ping(server, workers):
     w1, _ = workers
     info = w1.call("GetServiceInfo")
-    assert info["code"] == 0 and info["default_kv_lease_ttl_ms"] == 300 and info["max_key_bytes"] == 4096
+    assert info["code"] == 0 and info["default_kv_lease_ttl_ms"] == 300 and info["max_key_bytes"] == MAX_KEY_BYTES
     ping = w1.call("Ping")
     assert ping["client_status"] == pb.CLIENT_STATUS_OK and ping["view_version"] == info["view_version"]
     assert w1.call("Ping", client_id="stranger")["client_status"] == pb.CLIENT_STATUS_NEED_REMOUNT
@@ -140,7 +141,7 @@ def test_invalid_and_no_space(server, workers):
     assert w1.call("PutStart", key="", size=10)["code"] == E.INVALID_PARAMS
     assert w1.call("PutStart", key="k", size=0)["code"] == E.INVALID_PARAMS
     assert w1.call("PutStart", key="k", size=10, config={"replica_num": 0})["code"] == E.INVALID_PARAMS
-    assert w1.call("PutStart", key="k" * 5000, size=10)["code"] == E.INVALID_KEY
+    assert w1.call("PutStart", key="k" * (MAX_KEY_BYTES + 1), size=10)["code"] == E.INVALID_KEY
     assert w1.call("PutStart", key="k", size=1 << 40)["code"] == E.NO_AVAILABLE_HANDLE
     assert w1.call("PutStart", key="k", size=10, client_id="")["code"] == E.INVALID_PARAMS
     r = w1.call("PutStart", key="k", size=10)
@@ -347,3 +348,23 @@ def test_master_client_remembers_segments_for_remount(server):
             c.call("NoSuchRpc")
     finally:
         c.close()
+
+
+def test_stalled_grpc_calls_tie_up_no_worker():
+    """Calls whose request message never arrives (3 x 8 of them, against 2 workers) leave the gRPC door
+    serving everyone else: requests are received on the event loop, only complete ones reach a worker (the
+    synchronous server gave each call a worker at once, which then waited for its request forever)."""
+    from mooncake.testing.listener_fuzz import StalledGrpcCalls
+
+    cfg = MasterConfig(rpc_address="127.0.0.1", port=0, fast_rpc_port=-1, max_threads=2,
+                       enable_metric_reporting=False)
+    with MasterServer(cfg) as srv:
+        path = "/mooncake.store.master.MasterService/GetReplicaList"
+        with StalledGrpcCalls(("127.0.0.1", srv.port), path, connections=3, streams=8):
+            with MasterClient(srv.address) as c:
+                for _ in range(20):
+                    assert c.stub.ExistKey(pb.KeyRequest(key="k"), timeout=5).code == 0
+                big = pb.BatchKeysRequest(keys=["k" * MAX_KEY_BYTES] * 1100)  # over MAX_REQUEST_BYTES
+                with pytest.raises(grpc.RpcError) as err:
+                    c.stub.BatchExistKey(big, timeout=10)
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

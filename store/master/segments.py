@@ -12,6 +12,20 @@ strategy, at most ``MAX_PROBES`` segments from a random starting point (spreads 
 segments with the largest free fraction first. Placement is best effort: fewer replicas than asked may be
 returned; none at all means the pool has no room (the caller reports NO_AVAILABLE_HANDLE).
 
+Identity and reuse. A segment is one instance of a client's memory, known by its ``id`` (the client draws a
+fresh random one per setup); its ``name`` is the Transfer Engine name of the process that owns it, and one
+name belongs to one live process. A segment mounted under a name that another client's segments hold belongs
+to a new instance (e.g. a client restarted under its old ``local_hostname``): ``superseded_by`` names the old
+instance's segments, which the master unmounts before anything else is placed (their replicas point into the
+dead process's memory). Memory that may still be read or written under promises the master gave before it
+knew the segment again is not allocated from for a while (``Segment.hold_until``; ``allocate`` skips it):
+- a segment a client re-mounts (ReMountSegment) within REMOUNT_HOLD_SEC of this master's start: it may come
+  from before a restart, when readers held descriptors of its objects (clients trust a cached descriptor at
+  most core.TRUST_SEC after the master last answered them) and writers held reserved blocks in it (used at
+  most reserved.FRESH_SEC after the master confirmed them). REMOUNT_HOLD_SEC exceeds both;
+- a segment this registry unmounted (client expired, superseded) and sees mounted again within the lease TTL:
+  until the leases granted on its objects before the unmount ran out.
+
 Threading: not thread-safe; the master calls everything under its lock.
 Ownership: the registry owns Segment objects; a Replica refers to its segment and stays valid (its
 ``address`` still computable) after the segment is unmounted, but ``release`` of such a replica is a no-op.
@@ -19,20 +33,26 @@ Ownership: the registry owns Segment objects; a Replica refers to its segment an
 
 from __future__ import annotations
 
+import collections
 import random
+import time
+from typing import Callable
 
 from mooncake.store.master.allocator import OffsetAllocator
 from mooncake.store.master.errors import ErrorCode
 
 MAX_PROBES = 100
+REMOUNT_HOLD_SEC = 3.0
 ALLOCATION_STRATEGIES = ("random", "free_ratio_first")
 _MAX_ADDRESS = 1 << 64
 
 
 class Segment:
-    """A mounted segment. Fields are immutable after mount except ``mounted``."""
+    """A mounted segment. Fields are immutable after mount except ``mounted``. ``hold_until``: no allocation
+    before this time (the registry's clock; see the module docstring)."""
 
-    __slots__ = ("id", "name", "base", "size", "te_endpoint", "protocol", "client_id", "allocator", "mounted")
+    __slots__ = ("id", "name", "base", "size", "te_endpoint", "protocol", "client_id", "allocator", "mounted",
+                 "hold_until")
 
     def __init__(self, seg_id: str, name: str, base: int, size: int, te_endpoint: str, protocol: str,
                  client_id: str) -> None:
@@ -45,6 +65,7 @@ class Segment:
         self.client_id = client_id
         self.allocator = OffsetAllocator(size)
         self.mounted = True
+        self.hold_until = float("-inf")
 
     def same_params(self, name: str, base: int, size: int, te_endpoint: str, protocol: str) -> bool:
         return (self.name, self.base, self.size, self.te_endpoint, self.protocol) == (
@@ -58,6 +79,9 @@ class Segment:
                 "usage": round(a.used_bytes / a.capacity, 6) if a.capacity else 0.0,
                 "free_blocks": a.free_block_count, "largest_free_bytes": a.largest_free(),
                 "fragmentation": round(a.fragmentation(), 6)}
+
+    def held(self, now: float) -> bool:
+        return now < self.hold_until
 
 
 class Replica:
@@ -79,11 +103,17 @@ class Replica:
 
 
 class SegmentRegistry:
-    def __init__(self, strategy: str = "random", rng: random.Random | None = None) -> None:
+    def __init__(self, strategy: str = "random", rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic, lease_ttl: float = 5.0) -> None:
+        """`clock`: the master's; `lease_ttl`: the longest read lease it grants (seconds)."""
         if strategy not in ALLOCATION_STRATEGIES:
             raise ValueError(f"unknown allocation strategy {strategy!r}; expected one of {ALLOCATION_STRATEGIES}")
         self.strategy = strategy
         self._rng = rng or random.Random()
+        self._clock = clock
+        self._started = clock()
+        self._lease_ttl = lease_ttl
+        self._unmounted: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when, for lease_ttl
         self._by_id: dict[str, Segment] = {}
         self._order: list[Segment] = []  # mount order; placement walks it from a random start
         self._by_name: dict[str, list[Segment]] = {}
@@ -93,12 +123,14 @@ class SegmentRegistry:
 
     # -- mount / unmount -----------------------------------------------------------------------------------
     def mount(self, client_id: str, seg_id: str, name: str, base: int, size: int, te_endpoint: str = "",
-              protocol: str = "tcp") -> tuple[ErrorCode, Segment | None]:
+              protocol: str = "tcp", remount: bool = False) -> tuple[ErrorCode, Segment | None]:
         """Mounts a segment. Idempotent: the same id with the same parameters from the same client is OK.
+        `remount`: the client re-mounts memory it had mounted before (ReMountSegment); see hold_until.
 
         INVALID_PARAMS: empty id/name/client, base 0, size smaller than one allocation granule, a range past
-        2^64, or a range overlapping another mounted segment of the same name. SEGMENT_ALREADY_EXISTS: the
-        id is mounted with other parameters or by another client.
+        2^64, or a range overlapping another mounted segment of the same client and name (one address space;
+        another client's segments of that name are another instance's, see superseded_by).
+        SEGMENT_ALREADY_EXISTS: the id is mounted with other parameters or by another client.
         """
         if not client_id or not seg_id or not name or base <= 0 or size < 64 or base + size > _MAX_ADDRESS:
             return ErrorCode.INVALID_PARAMS, None
@@ -108,9 +140,16 @@ class SegmentRegistry:
                 return ErrorCode.OK, old
             return ErrorCode.SEGMENT_ALREADY_EXISTS, None
         for other in self._by_name.get(name, ()):
-            if base < other.base + other.size and other.base < base + size:
+            if other.client_id == client_id and base < other.base + other.size and other.base < base + size:
                 return ErrorCode.INVALID_PARAMS, None
         seg = Segment(seg_id, name, base, size, te_endpoint, protocol, client_id)
+        now = self._clock()
+        self._forget_unmounted(now)
+        gone = self._unmounted.pop(seg_id, None)
+        if gone is not None:
+            seg.hold_until = gone + self._lease_ttl
+        if remount:
+            seg.hold_until = max(seg.hold_until, self._started + REMOUNT_HOLD_SEC)
         self._by_id[seg_id] = seg
         self._order.append(seg)
         self._by_name.setdefault(name, []).append(seg)
@@ -135,7 +174,19 @@ class SegmentRegistry:
             del self._by_client[seg.client_id]
         self.capacity -= seg.allocator.capacity
         self.used -= seg.allocator.used_bytes
+        now = self._clock()
+        self._forget_unmounted(now)
+        self._unmounted[seg_id] = now
         return seg
+
+    def superseded_by(self, seg: Segment) -> list[Segment]:
+        """The mounted segments of other clients under `seg`'s name: a dead instance's (module docstring)."""
+        return [s for s in self._by_name.get(seg.name, ()) if s.client_id != seg.client_id]
+
+    def _forget_unmounted(self, now: float) -> None:
+        old = self._unmounted
+        while old and next(iter(old.values())) + self._lease_ttl <= now:
+            old.popitem(last=False)
 
     # -- lookup --------------------------------------------------------------------------------------------
     def get(self, seg_id: str) -> Segment | None:
@@ -168,11 +219,12 @@ class SegmentRegistry:
         used_names: set[str] = set()
         candidates = self._candidates(preferred)
         passes = (True, False) if replica_num > 1 else (False,)
+        now = self._clock()
         for distinct_names in passes:
             for seg in candidates:
                 if len(chosen) == replica_num:
                     return chosen
-                if seg.id in used_ids or (distinct_names and seg.name in used_names):
+                if seg.id in used_ids or (distinct_names and seg.name in used_names) or seg.held(now):
                     continue
                 offset = seg.allocator.allocate(size)
                 if offset is None:
@@ -185,8 +237,9 @@ class SegmentRegistry:
 
     def allocate_on(self, name: str, size: int, exclude: set[str] | frozenset[str] = frozenset()) -> Replica | None:
         """One replica on a segment named `name` (not in `exclude`), or None when none of them has room."""
+        now = self._clock()
         for seg in self._by_name.get(name, ()):
-            if seg.id in exclude:
+            if seg.id in exclude or seg.held(now):
                 continue
             offset = seg.allocator.allocate(size)
             if offset is not None:

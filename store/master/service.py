@@ -43,7 +43,6 @@ from __future__ import annotations
 import copy
 import logging
 import random
-import re
 import threading
 import time
 from typing import Callable
@@ -51,6 +50,7 @@ from typing import Callable
 from mooncake.store.master.config import MAX_KEY_BYTES, MAX_REPLICA_NUM, MasterConfig
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.eviction import object_bytes, select_victims
+from mooncake.store.master.key_pattern import KeyPattern
 from mooncake.store.master.liveness import ClientRegistry
 from mooncake.store.master.metrics import MasterMetrics
 from mooncake.store.master.disk_tier import DiskTierMixin
@@ -66,6 +66,16 @@ OK = ErrorCode.OK
 _PURGE_PERIOD_SEC = 1.0
 _EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
+_SCAN_CHUNK = 1024  # keys a regex call acts on per lock hold
+
+
+def _key_pattern(pattern: str, what: str) -> KeyPattern | None:
+    """The compiled pattern of a regex call, or None (logged) when KeyPattern refuses it."""
+    try:
+        return KeyPattern(pattern)
+    except ValueError as e:
+        _log.warning("%s: pattern refused: %s", what, e)
+        return None
 
 
 class SegmentSpec:
@@ -86,7 +96,8 @@ class MasterService(DiskTierMixin, ReservationMixin):
         self._clock = clock
         self._lock = threading.Lock()
         self.metrics = metrics or MasterMetrics()
-        self.segments = SegmentRegistry(config.allocation_strategy, rng)
+        self.segments = SegmentRegistry(config.allocation_strategy, rng, clock,
+                                        config.default_kv_lease_ttl_ms / 1000.0)
         self.table = ObjectTable()
         self.clients = ClientRegistry(config.client_ttl_sec)
         self.tasks = TaskManager(config.max_total_pending_tasks, config.max_total_processing_tasks,
@@ -135,7 +146,7 @@ class MasterService(DiskTierMixin, ReservationMixin):
             self.clients.register(client_id, self._clock())
             first = OK
             for spec in specs:
-                code = self._mount_locked(client_id, spec)
+                code = self._mount_locked(client_id, spec, remount=True)
                 if code != OK and first == OK:
                     first = code
             self.metrics.count("remount_segment", first)
@@ -162,11 +173,13 @@ class MasterService(DiskTierMixin, ReservationMixin):
         with self._lock:
             return OK, self.clients.ping(client_id, self._clock())
 
-    def _mount_locked(self, client_id: str, spec: SegmentSpec) -> ErrorCode:
-        code, _ = self.segments.mount(client_id, spec.id, spec.name, spec.base, spec.size, spec.te_endpoint,
-                                      spec.protocol)
+    def _mount_locked(self, client_id: str, spec: SegmentSpec, remount: bool = False) -> ErrorCode:
+        code, seg = self.segments.mount(client_id, spec.id, spec.name, spec.base, spec.size, spec.te_endpoint,
+                                        spec.protocol, remount)
         if code == OK:
             self.clients.register(client_id, self._clock())
+            for old in self.segments.superseded_by(seg):  # a dead instance's, under this name (segments.py)
+                self._unmount_locked(old, "superseded")
         return code
 
     def _unmount_locked(self, seg: Segment, reason: str) -> None:
@@ -495,19 +508,22 @@ class MasterService(DiskTierMixin, ReservationMixin):
             return [self._get_locked(k, now) for k in keys]
 
     def get_replica_list_by_regex(self, pattern: str) -> tuple[ErrorCode, dict[str, tuple[list[Replica], int]]]:
-        """Every committed key matching `pattern` (re.search), each leased. INVALID_PARAMS for a bad regex."""
-        try:
-            rx = re.compile(pattern)
-        except (re.error, TypeError):
+        """Every committed key matching `pattern` (key_pattern.py: RE2 syntax, searched anywhere in the key),
+        each leased. INVALID_PARAMS for a pattern KeyPattern refuses. The keys are matched outside the lock
+        (see _matching_keys); a key removed meanwhile is left out."""
+        rx = _key_pattern(pattern, "get_replica_list_by_regex")
+        if rx is None:
             return ErrorCode.INVALID_PARAMS, {}
-        with self._lock:
-            now = self._clock()
-            keys = [k for k in self._all_keys() if rx.search(k)]
-            out = {}
-            for k in keys:
-                _, reps, lease_ms = self._get_locked(k, now)
-                out[k] = (reps, lease_ms)
-            return OK, out
+        out = {}
+        for chunk in self._matching_keys(rx):
+            with self._lock:
+                now = self._clock()
+                t = self.table
+                for k in chunk:
+                    if k in t.objects or k in t.disk:
+                        _, reps, lease_ms = self._get_locked(k, now)
+                        out[k] = (reps, lease_ms)
+        return OK, out
 
     def _get_locked(self, key: str, now: float) -> tuple[ErrorCode, list, int]:
         t = self.table
@@ -535,6 +551,24 @@ class MasterService(DiskTierMixin, ReservationMixin):
         t = self.table
         return list(t.objects) + [k for k in t.disk if k not in t.objects]
 
+    def _matching_keys(self, rx: KeyPattern):
+        """Yields the readable keys matching `rx`, in lists of at most _SCAN_CHUNK.
+
+        Only the snapshot of the key list takes the lock; matching runs without it (RE2 also releases the
+        GIL), so an expensive pattern over many keys delays no other call. The caller takes the lock per
+        chunk to act on it and must skip keys gone meanwhile."""
+        with self._lock:
+            keys = self._all_keys()
+        chunk = []
+        for k in keys:
+            if rx.search(k):
+                chunk.append(k)
+                if len(chunk) >= _SCAN_CHUNK:
+                    yield chunk
+                    chunk = []
+        if chunk:
+            yield chunk
+
     # ======================================================================================================
     # Removal
     # ======================================================================================================
@@ -550,15 +584,19 @@ class MasterService(DiskTierMixin, ReservationMixin):
             return [self._remove_locked(k, force, now) for k in keys]
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> tuple[ErrorCode, int]:
-        """Removes committed keys matching `pattern` (re.search), skipping leased/busy ones unless force."""
-        try:
-            rx = re.compile(pattern)
-        except (re.error, TypeError):
+        """Removes committed keys matching `pattern` (as in get_replica_list_by_regex), skipping leased/busy
+        ones unless force; INVALID_PARAMS for a refused pattern."""
+        rx = _key_pattern(pattern, "remove_by_regex")
+        if rx is None:
             return ErrorCode.INVALID_PARAMS, 0
-        with self._lock:
-            now = self._clock()
-            keys = [k for k in self._all_keys() if rx.search(k)]
-            return OK, sum(1 for k in keys if self._remove_locked(k, force, now) == OK)
+        removed = 0
+        for chunk in self._matching_keys(rx):
+            with self._lock:
+                now = self._clock()
+                t = self.table
+                removed += sum(1 for k in chunk
+                               if (k in t.objects or k in t.disk) and self._remove_locked(k, force, now) == OK)
+        return OK, removed
 
     def remove_all(self, force: bool = False) -> tuple[ErrorCode, int]:
         """Removes every committed object except leased/busy ones (unless force); returns the count."""

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mooncake.store.master.config import MasterConfig
+from mooncake.store.master.config import MAX_KEY_BYTES, MasterConfig
 from mooncake.store.master.errors import ErrorCode as E
 from mooncake.store.master.objects import PutConfig
 from mooncake.store.master.service import MasterService, SegmentSpec
@@ -89,7 +89,7 @@ def test_invalid_inputs(clock):
     assert svc.put_start("", "k", 10)[0] == E.INVALID_PARAMS
     assert svc.put_start("w", "k", 10, PutConfig(replica_num=0))[0] == E.INVALID_PARAMS
     assert svc.put_start("w", "k", 10, PutConfig(replica_num=65))[0] == E.INVALID_PARAMS
-    assert svc.put_start("w", "x" * 5000, 10)[0] == E.INVALID_KEY
+    assert svc.put_start("w", "x" * (MAX_KEY_BYTES + 1), 10)[0] == E.INVALID_KEY
     assert svc.batch_put_start("w", ["a", "b"], [1]) == [(E.INVALID_PARAMS, [])] * 2
     assert svc.get_replica_list("")[0] == E.INVALID_PARAMS
     assert svc.remove_by_regex("(")[0] == E.INVALID_PARAMS
@@ -427,9 +427,10 @@ def test_in_place_upsert_lost_with_its_writer_leaves_no_stale_pins(clock):
 
 def test_key_limit_counts_utf8_bytes(clock):
     svc = make(clock)
-    assert svc.put_start("w", "é" * 2048, 10)[0] == E.OK  # 4096 bytes
-    assert svc.put_start("w", "é" * 2049, 10)[0] == E.INVALID_KEY
-    assert svc.get_replica_list("€" * 1400)[0] == E.INVALID_KEY  # 1400 chars, 4200 bytes
+    assert MAX_KEY_BYTES == 65536
+    assert svc.put_start("w", "é" * (MAX_KEY_BYTES // 2), 10)[0] == E.OK  # 2 bytes each: at the limit
+    assert svc.put_start("w", "é" * (MAX_KEY_BYTES // 2 + 1), 10)[0] == E.INVALID_KEY
+    assert svc.get_replica_list("€" * (MAX_KEY_BYTES // 3 + 1))[0] == E.INVALID_KEY  # 21846 chars, 65538 bytes
 
 
 def test_fruitless_watermark_eviction_backs_off(clock):

@@ -7,12 +7,14 @@ Every helper bounds its waits (``timeout``) and cleans up: ``stop`` terminates, 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
 import select
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -49,7 +51,10 @@ def stop_process(proc: subprocess.Popen, grace: float) -> int:
 
 
 class MasterProcess:
-    """``python -m mooncake.store.master.cli --port=0 --metrics_port=0 <args>``; parses the bound ports."""
+    """``python -m mooncake.store.master.cli --port=0 --metrics_port=0 <args>``; parses the bound ports.
+
+    Its stderr is drained by a thread once it is up (a master that logs a lot must never block on a full
+    pipe); ``stderr_tail()`` returns the last lines."""
 
     def __init__(self, *args: str, timeout: float = 30.0) -> None:
         cmd = [sys.executable, "-m", "mooncake.store.master.cli", "--port=0", "--metrics_port=0",
@@ -70,6 +75,15 @@ class MasterProcess:
         self.metrics_port = int(m.group(2) or 0)
         self.address = f"127.0.0.1:{self.port}"
         self.banner = line
+        self._stderr = collections.deque(maxlen=200)
+        threading.Thread(target=self._drain_stderr, name="master-stderr", daemon=True).start()
+
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr)
 
     def stop(self, grace: float = 5.0) -> int:
         return stop_process(self.proc, grace)

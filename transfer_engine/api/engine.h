@@ -95,7 +95,10 @@ class TransferEngine {
   /// ok when the segment's engine answered a probe within `timeout` (zero: the handshake timeout).
   Status Probe(const std::string& segment, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
-  /// Per-transport, per-peer counters (JSON).
+  /// Counters as JSON: per transport (by name) its per-peer path counters; "notifications" (queued, refused:
+  /// "dropped", limits); "listeners": "rpc" (the handshake/RPC port: open, accepted, served, timed_out,
+  /// evicted, malformed) and per transport with a listener its connections (e.g. "tcp": open, peak, limit,
+  /// evicted, refused, stalled).
   std::string StatsJson() const;
   /// This host's NIC priority matrix in Mooncake's JSON shape ({"cpu:N": [[preferred...], [available...]]}),
   /// restricted to the comma-separated `device_filter` when not empty (else MC_TE_FILTERS, else the NICs of

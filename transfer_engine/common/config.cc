@@ -63,6 +63,7 @@ EngineConfig EngineConfig::FromEnv() {
   c.metadata_cluster_id = ReadString("MC_METADATA_CLUSTER_ID");
   if (ReadInt("MC_METADATA_LEASE_TTL", 2, 86400, &x)) c.metadata_lease_ttl = std::chrono::seconds(x);
   c.disable_metacache = ReadBool("MC_DISABLE_METACACHE");
+  if (ReadInt("MC_NOTIFY_QUEUE_BYTES", 4096, 1LL << 40, &x)) c.notify_queue_bytes = static_cast<size_t>(x);
   if (ReadInt("MC_TCP_STALL_TIMEOUT_MS", 100, 3600000, &x)) c.tcp_stall_timeout = std::chrono::milliseconds(x);
   if (ReadInt("MC_TCP_PROBE_INTERVAL_MS", 10, 3600000, &x)) c.tcp_probe_interval = std::chrono::milliseconds(x);
   if (ReadInt("MC_TCP_LANE_WINDOW", 4096, 1LL << 34, &x)) c.tcp_lane_window = static_cast<size_t>(x);

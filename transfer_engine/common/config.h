@@ -28,6 +28,8 @@ struct EngineConfig {
   std::string metadata_cluster_id;            ///< MC_METADATA_CLUSTER_ID: key namespace
   std::chrono::seconds metadata_lease_ttl{10};  ///< MC_METADATA_LEASE_TTL: etcd lease / Redis TTL of our keys
   bool disable_metacache = false;             ///< MC_DISABLE_METACACHE
+  /// MC_NOTIFY_QUEUE_BYTES: most bytes (names + messages) of received notifications waiting for get_notifies
+  size_t notify_queue_bytes = 64 << 20;
   std::chrono::milliseconds tcp_stall_timeout{3000};  ///< MC_TCP_STALL_TIMEOUT_MS: a path moving no data fails over
   std::chrono::milliseconds tcp_probe_interval{500};  ///< MC_TCP_PROBE_INTERVAL_MS: how often down paths are tried
   size_t tcp_lane_window = 4 << 20;                   ///< MC_TCP_LANE_WINDOW: bytes in flight per connection

@@ -139,6 +139,19 @@ bool IsLocalAddress(const std::string& ip) {
   return found;
 }
 
+static bool IsLoopbackLiteral(const std::string& ip) { return ip.rfind("127.", 0) == 0 || ip == "::1"; }
+
+bool IsThisHost(const std::string& host) {
+  if (host.empty()) return false;
+  in6_addr any{};
+  bool literal = inet_pton(AF_INET, host.c_str(), &any) == 1 || inet_pton(AF_INET6, host.c_str(), &any) == 1;
+  if (literal) return IsLoopbackLiteral(host) || (host != "0.0.0.0" && IsLocalAddress(host));
+  char self[256] = {0};
+  if (host == "localhost" || (gethostname(self, sizeof(self) - 1) == 0 && host == self)) return true;
+  auto ip = ResolveHost(host);
+  return ip.ok() && !IsLoopbackLiteral(*ip) && *ip != "0.0.0.0" && IsLocalAddress(*ip);
+}
+
 static bool FillSockaddr(const std::string& ip, uint16_t port, sockaddr_storage* ss, socklen_t* len) {
   memset(ss, 0, sizeof(*ss));
   auto* v4 = reinterpret_cast<sockaddr_in*>(ss);
@@ -159,7 +172,8 @@ static bool FillSockaddr(const std::string& ip, uint16_t port, sockaddr_storage*
 }
 
 StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
-                      const std::string& bind_ip) {
+                      const std::string& bind_ip, bool* refused) {
+  if (refused) *refused = false;
   auto ip = ResolveHost(host);
   if (!ip.ok()) return ip.status();
   sockaddr_storage ss;
@@ -179,6 +193,7 @@ StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milli
   }
   if (connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
     if (errno != EINPROGRESS) {
+      if (refused) *refused = errno == ECONNREFUSED;
       Status st(ErrorCode::kPeerUnreachable, "connect to " + peer + ": " + strerror(errno));
       close(fd);
       return st;
@@ -190,6 +205,7 @@ StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milli
     if (!st.ok() || err != 0) {
       close(fd);
       if (!st.ok()) return Status(ErrorCode::kPeerUnreachable, st.message());
+      if (refused) *refused = err == ECONNREFUSED;
       return Status(ErrorCode::kPeerUnreachable, "connect to " + peer + ": " + strerror(err));
     }
   }

@@ -31,11 +31,17 @@ std::string FirstLanIp();
 
 /// True when `ip` is assigned to one of this host's interfaces (or is a loopback address).
 bool IsLocalAddress(const std::string& ip);
+/// Whether `host` (an address or a name) certainly means this host, so that a refused connection to it
+/// proves nothing listens there: a loopback literal (127.0.0.0/8, ::1), "localhost" or this host's own name,
+/// or a name or address that is (resolves to) an address of one of this host's interfaces. A name that
+/// resolves to loopback here but is not ours (a stale /etc/hosts entry) is not: it may mean another host.
+bool IsThisHost(const std::string& host);
 
 /// Connects with a timeout, from `bind_ip` when not empty (so the traffic leaves through that NIC). Returns a
-/// blocking socket with TCP_NODELAY set. Errors name the peer.
+/// blocking socket with TCP_NODELAY set. Errors name the peer; `refused`, when given, is set to whether the
+/// peer's host actively refused the connection (nothing listens there), as opposed to any other failure.
 StatusOr<int> Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
-                      const std::string& bind_ip = "");
+                      const std::string& bind_ip = "", bool* refused = nullptr);
 
 /// Binds and listens on ip:port (port 0 = ephemeral; ip "" or "0.0.0.0" = all). SO_REUSEADDR is set.
 StatusOr<int> Listen(const std::string& ip, uint16_t port, int backlog);

@@ -65,10 +65,6 @@ class CompatEngine {
   int SendNotify(const std::string& peer, const Notification& notify);
   std::string StatsJson() const;
 
-  /// Whether [addr, addr+length) is inside memory registered with this engine (false before initialize).
-  bool IsRegistered(uintptr_t addr, size_t length) const {
-    return engine_ && engine_->IsRegistered(reinterpret_cast<const void*>(addr), length);
-  }
   TransferEngine* engine() const { return engine_.get(); }
 
  private:

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <deque>
 #include <random>
 #include <map>
 #include <mutex>
@@ -20,6 +19,7 @@
 #include "transfer_engine/core/managed_memory.h"
 #include "transfer_engine/core/memory_registry.h"
 #include "transfer_engine/core/metadata.h"
+#include "transfer_engine/core/notification_queue.h"
 #include "transfer_engine/core/rpc.h"
 #include "transfer_engine/core/segment_descriptor.h"
 #include "transfer_engine/core/topology.h"
@@ -38,6 +38,8 @@ class TransferEngine::Impl {
 
   Status Init();
   void Shutdown();
+  /// Ok when the engine published at `owner` under our segment name is provably gone; else why not.
+  Status OwnerGone(const net::HostPort& owner) const;
 
   // State read by the public methods.
   EngineOptions options_;
@@ -65,11 +67,9 @@ class TransferEngine::Impl {
   std::unordered_map<BatchId, std::shared_ptr<Batch>> batches_;
   BatchId next_batch_ = 1;
 
-  // Notifications received (bounded: any peer can send them).
+  // Notifications received (bounded in count and bytes: any peer can send them).
   static constexpr size_t kMaxQueuedNotifications = 65536;
-  std::mutex notify_mu_;
-  std::deque<Notification> notifications_;
-  bool notify_overflow_ = false;
+  NotificationQueue notifications_{kMaxQueuedNotifications, config_.notify_queue_bytes};
 
   std::mutex publish_mu_;
 
@@ -92,6 +92,42 @@ class TransferEngine::Impl {
 
 // ---------------------------------------------------------------------------------------------------------
 // Initialisation
+
+Status TransferEngine::Impl::OwnerGone(const net::HostPort& owner) const {
+  // Asks whatever listens there for its descriptor. Proof that the holder of our name is gone:
+  // - the connection is refused, and the owner's address is certainly this host (loopback, or an address of
+  //   one of our interfaces: net::IsThisHost): nothing listens there. A refusal from another host proves
+  //   nothing (a firewall REJECT rule answers the same way in front of a live engine): the name stays
+  //   blocked until the entry's lease/TTL lapses (etcd, Redis), or someone removes it (HTTP);
+  // - an engine of another name answers there (the port was reused);
+  // - we answer there ourselves (a stale entry with another address of this host and our port).
+  // A timeout or any other failure proves nothing (the holder may be stopped or overloaded).
+  RpcFrame f;
+  f.type = RpcType::kMetadata;
+  f.body = "{}";
+  bool refused = false;
+  auto reply = RpcCall(owner.host, owner.port, f, config_.handshake_connect_timeout, config_.handshake_max_length,
+                       &refused);
+  std::string holder = "segment name '" + segment_name_ + "' is held by the engine at " + owner.ToString();
+  if (!reply.ok()) {
+    if (refused && net::IsThisHost(owner.host)) return Status::Ok();
+    std::string why = refused ? "it refused the connection, but it is not an address of this host, so a "
+                                "firewall may stand in front of a live engine"
+                              : reply.status().message();
+    return Status(ErrorCode::kMetadata, holder + ", which may still be alive (" + why +
+                                            "); not taking the name over (stop that engine, wait for its "
+                                            "metadata entry to expire, or use another name)");
+  }
+  auto desc = SegmentDescriptor::Parse(reply->body);
+  if (desc.ok() && desc->name != segment_name_) return Status::Ok();
+  if (desc.ok() && desc->json.is_object() && desc->json.contains("instance") && desc->json["instance"].is_string() &&
+      desc->json["instance"].get<std::string>() == instance_) {
+    return Status::Ok();
+  }
+  return Status(ErrorCode::kMetadata,
+                holder + (desc.ok() ? ", which is alive (it answered); use another local_hostname"
+                                    : ", which answered something that is not a descriptor; not taking the name over"));
+}
 
 Status TransferEngine::Impl::Init() {
   if (options_.local_server_name.empty()) return InvalidArgument("local_hostname must not be empty");
@@ -119,9 +155,9 @@ Status TransferEngine::Impl::Init() {
   bool p2p = metadata_->names_are_rpc_addresses();
   uint16_t fixed_port = config_.legacy_rpc_port_binding ? local->port : 0;
   std::string rpc_bind = p2p || config_.legacy_rpc_port_binding ? "0.0.0.0" : "0.0.0.0";
-  MC_RETURN_IF_ERROR(rpc_.Start(rpc_bind, fixed_port, config_.min_rpc_port, config_.max_rpc_port,
-                                config_.handshake_backlog, config_.handshake_max_length,
-                                [this](const RpcFrame& f) { return HandleRpc(f); }));
+  // Bound now (the port is part of our name in P2P mode), served only once the state HandleRpc reads is set.
+  MC_RETURN_IF_ERROR(rpc_.Bind(rpc_bind, fixed_port, config_.min_rpc_port, config_.max_rpc_port,
+                               config_.handshake_backlog, config_.handshake_max_length));
   segment_name_ = p2p ? net::HostPort{local->host, rpc_.port()}.ToString() : options_.local_server_name;
 
   // Transports: the network transport `protocol` names (TCP when this build lacks it), plus every same-host
@@ -164,7 +200,9 @@ Status TransferEngine::Impl::Init() {
         (void)st;
       });
 
-  MC_RETURN_IF_ERROR(metadata_->PublishRpcAddress(segment_name_, net::HostPort{advertised_ip_, rpc_.port()}));
+  MC_RETURN_IF_ERROR(rpc_.Serve([this](const RpcFrame& f) { return HandleRpc(f); }));
+  MC_RETURN_IF_ERROR(metadata_->PublishRpcAddress(segment_name_, net::HostPort{advertised_ip_, rpc_.port()},
+                                                  [this](const net::HostPort& owner) { return OwnerGone(owner); }));
   Status st = PublishLocal();
   if (!st.ok()) {
     Status undo = metadata_->Unpublish(segment_name_);
@@ -180,6 +218,7 @@ void TransferEngine::Impl::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (metadata_ && !segment_name_.empty()) {
+    std::lock_guard lock(publish_mu_);  // not between a PublishLocal's build and write
     Status st = metadata_->Unpublish(segment_name_);
     if (!st.ok()) MC_LOG(kWarning) << "could not remove metadata of '" << segment_name_ << "': " << st.message();
   }
@@ -276,17 +315,8 @@ StatusOr<std::string> TransferEngine::Impl::HandleRpc(const RpcFrame& frame) {
           !j["notify_msg"].is_string()) {
         return Status(ErrorCode::kMalformedJson, "notify needs string fields name and notify_msg");
       }
-      std::lock_guard lock(notify_mu_);
-      if (notifications_.size() >= kMaxQueuedNotifications) {
-        // Nobody drains them: keep the newest, and say so once per overflow.
-        if (!notify_overflow_) MC_LOG(kWarning) << "more than " << kMaxQueuedNotifications
-                                                << " notifications unread (call get_notifies); dropping the oldest";
-        notify_overflow_ = true;
-        notifications_.erase(notifications_.begin());
-      } else {
-        notify_overflow_ = false;
-      }
-      notifications_.push_back({j["name"].get<std::string>(), j["notify_msg"].get<std::string>()});
+      MC_RETURN_IF_ERROR(
+          notifications_.Push({j["name"].get<std::string>(), j["notify_msg"].get<std::string>()}));
       return std::string(R"({"name":"","notify_msg":"success"})");
     }
     case RpcType::kProbe:
@@ -588,12 +618,7 @@ Status TransferEngine::SendNotify(const std::string& segment, const Notification
   return impl_->SendNotifyImpl(segment, notification);
 }
 
-std::vector<Notification> TransferEngine::TakeNotifications() {
-  std::lock_guard lock(impl_->notify_mu_);
-  std::vector<Notification> out(impl_->notifications_.begin(), impl_->notifications_.end());
-  impl_->notifications_.clear();
-  return out;
-}
+std::vector<Notification> TransferEngine::TakeNotifications() { return impl_->notifications_.TakeAll(); }
 
 Status TransferEngine::Probe(const std::string& segment, std::chrono::milliseconds timeout) {
   if (segment.empty()) return InvalidArgument("empty segment name");
@@ -615,6 +640,19 @@ Status TransferEngine::Probe(const std::string& segment, std::chrono::millisecon
 std::string TransferEngine::StatsJson() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& t : impl_->transports_) j[t->name()] = t->Stats();
+  auto n = impl_->notifications_.counters();
+  j["notifications"] = {{"queued", n.queued},   {"queued_bytes", n.queued_bytes},
+                        {"dropped", n.dropped}, {"dropped_bytes", n.dropped_bytes},
+                        {"max_count", impl_->notifications_.max_count()},
+                        {"max_bytes", impl_->notifications_.max_bytes()}};
+  auto r = impl_->rpc_.counters();
+  j["listeners"]["rpc"] = {{"port", impl_->rpc_.port()}, {"open", r.open},           {"accepted", r.accepted},
+                           {"served", r.served},         {"timed_out", r.timed_out}, {"evicted", r.evicted},
+                           {"malformed", r.malformed}};
+  for (const auto& t : impl_->transports_) {
+    auto l = t->ListenerStats();
+    if (!l.is_null()) j["listeners"][t->name()] = std::move(l);
+  }
   return j.dump();
 }
 

@@ -193,3 +193,273 @@ TEST(EngineRpcTest, MetadataRequestWithNonStringSegmentName) {
 
 }  // namespace
 }  // namespace mooncake::te
+
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transfer_engine/common/net.h"
+
+namespace mooncake::te {
+namespace {
+
+nlohmann::json Stats(const TransferEngine& e) { return nlohmann::json::parse(e.StatsJson()); }
+
+Status Probe(const TransferEngine& e) {
+  RpcFrame f;
+  f.type = RpcType::kProbe;
+  f.body = "{}";
+  auto reply = RpcCall("127.0.0.1", e.rpc_port(), f, std::chrono::milliseconds(3000), 1 << 20);
+  if (!reply.ok()) return reply.status();
+  if (reply->body.find("success") == std::string::npos) return Status(ErrorCode::kRejectHandshake, reply->body);
+  return Status::Ok();
+}
+
+// Slow and idle clients cannot lock peers out of the RPC port: with more connections open than the server
+// keeps (idle ones, and ones trickling a request byte by byte), a new peer still gets its answer at once.
+TEST(EngineRpcTest, ManySlowConnectionsDoNotLockOutNewPeers) {
+  auto e = MakeEngine();
+  std::vector<int> fds;
+  for (size_t i = 0; i < RpcServer::kMaxConnections + 44; ++i) {
+    auto fd = net::Connect("127.0.0.1", e->rpc_port(), std::chrono::milliseconds(2000));
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    fds.push_back(*fd);
+  }
+  for (size_t i = 0; i < 100; ++i) {  // 100 of them send the first bytes of a frame and then stall
+    uint8_t partial[3] = {5, 0, 0};
+    ASSERT_EQ(send(fds[fds.size() - 1 - i], partial, sizeof(partial), MSG_NOSIGNAL), 3);
+  }
+  for (int round = 0; round < 20; ++round) {
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(Probe(*e).ok()) << "round " << round;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  }
+  auto rpc = Stats(*e)["listeners"]["rpc"];
+  EXPECT_LE(rpc["open"].get<size_t>(), RpcServer::kMaxConnections);
+  EXPECT_GE(rpc["evicted"].get<uint64_t>(), 44u);
+  EXPECT_GE(rpc["served"].get<uint64_t>(), 20u);
+  for (int fd : fds) close(fd);
+}
+
+// A connection that never completes its request is closed after the serve budget.
+TEST(EngineRpcTest, IdleConnectionIsClosedAfterTheBudget) {
+  auto e = MakeEngine();
+  auto fd = net::Connect("127.0.0.1", e->rpc_port(), std::chrono::milliseconds(2000));
+  ASSERT_TRUE(fd.ok());
+  uint8_t partial[2] = {9, 0};
+  ASSERT_EQ(send(*fd, partial, sizeof(partial), MSG_NOSIGNAL), 2);
+  auto t0 = std::chrono::steady_clock::now();
+  char c;
+  timeval tv{RpcServer::kServeBudget.count() + 3, 0};
+  setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(recv(*fd, &c, 1, 0), 0);  // closed by the server, not by our receive timeout
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, RpcServer::kServeBudget - std::chrono::milliseconds(500));
+  EXPECT_LT(waited, RpcServer::kServeBudget + std::chrono::seconds(2));
+  EXPECT_EQ(Stats(*e)["listeners"]["rpc"]["timed_out"].get<uint64_t>(), 1u);
+  close(*fd);
+  EXPECT_TRUE(Probe(*e).ok());
+}
+
+// Notifications nobody takes are bounded in bytes (MC_NOTIFY_QUEUE_BYTES) as well as in count: the ones that
+// do not fit are refused (the sender is told) and counted; the queued ones are kept.
+TEST(EngineRpcTest, NotificationQueueIsBoundedInBytes) {
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1";
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.config.notify_queue_bytes = 4 << 20;
+  auto receiver = TransferEngine::Create(o);
+  ASSERT_TRUE(receiver.ok());
+  auto sender = MakeEngine();
+  const std::string big(512 << 10, 'n');
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 20; ++i) {
+    Status st = sender->SendNotify((*receiver)->segment_name(), {"n" + std::to_string(i), big});
+    (st.ok() ? accepted : refused)++;
+  }
+  EXPECT_EQ(accepted, 7);  // 7 x (512 KiB + 2) fit in 4 MiB, an 8th does not
+  EXPECT_EQ(refused, 13);
+  auto n = Stats(**receiver)["notifications"];
+  EXPECT_EQ(n["dropped"].get<uint64_t>(), 13u);
+  EXPECT_LE(n["queued_bytes"].get<size_t>(), 4u << 20);
+  auto got = (*receiver)->TakeNotifications();
+  ASSERT_EQ(got.size(), 7u);
+  EXPECT_EQ(got.front().name, "n0");  // the oldest are kept
+  EXPECT_TRUE(sender->SendNotify((*receiver)->segment_name(), {"after", "small"}).ok());  // room again
+  EXPECT_EQ((*receiver)->TakeNotifications().size(), 1u);
+}
+
+}  // namespace
+}  // namespace mooncake::te
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+
+namespace mooncake::te {
+namespace {
+
+int OpenDescriptors() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (d && readdir(d)) ++n;
+  if (d) closedir(d);
+  return n;
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// When the process runs out of file descriptors, the TCP data listener neither spins on its (still readable)
+// socket nor stays shut: it makes room by closing its quietest connection and serves again afterwards.
+TEST(EngineTcpListenerTest, RunningOutOfDescriptorsNeitherSpinsNorLocksOut) {
+  auto target = MakeEngine(/*force_tcp=*/true);
+  uint16_t port = Stats(*target)["listeners"]["tcp"]["port"].get<uint16_t>();
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = OpenDescriptors() + 24;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> clients;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  while (clients.size() < 64) {  // each one costs a descriptor here and one on the target's side
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) break;
+    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    clients.push_back(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  double before = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  double used = CpuSeconds() - before;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  for (int fd : clients) close(fd);
+  EXPECT_LT(used, 0.3) << "the process used " << used << " s of CPU in 1 s while out of descriptors";
+  EXPECT_GE(Stats(*target)["listeners"]["tcp"]["evicted"].get<uint64_t>(), 1u);
+
+  auto source = MakeEngine(/*force_tcp=*/true);
+  std::vector<uint8_t> src(1 << 20, 7), dst(1 << 20, 0);
+  ASSERT_TRUE(source->RegisterMemory(src.data(), src.size()).ok());
+  ASSERT_TRUE(target->RegisterMemory(dst.data(), dst.size()).ok());
+  auto h = source->OpenSegment(target->segment_name());
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = src.data();
+  r.target = *h;
+  r.target_address = reinterpret_cast<uint64_t>(dst.data());
+  r.length = src.size();
+  Status st = source->TransferSync({r}, std::chrono::seconds(10));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(dst, src);
+}
+
+}  // namespace
+}  // namespace mooncake::te
+
+namespace mooncake::te {
+namespace {
+
+// A burst of connections far beyond the data port's limit: evictions are asynchronous, yet the number of
+// open server connections stays within the limit plus the bounded pending evictions (each new connection
+// picks another victim, or is refused), and the port still serves a transfer afterwards.
+TEST(EngineTcpListenerTest, ConnectionBurstStaysWithinTheLimit) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = std::max<rlim_t>(64, OpenDescriptors() + 48);  // the limit is half the descriptor limit
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  auto target = MakeEngine(/*force_tcp=*/true);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  auto tcp = Stats(*target)["listeners"]["tcp"];
+  const size_t limit = tcp["limit"].get<size_t>();
+  ASSERT_LT(limit, 200u);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(tcp["port"].get<uint16_t>());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> clients;
+  for (size_t i = 0; i < 4 * limit + 64; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    clients.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  tcp = Stats(*target)["listeners"]["tcp"];
+  EXPECT_LE(tcp["peak"].get<size_t>(), limit + limit / 8 + 1) << tcp.dump();
+  EXPECT_LE(tcp["open"].get<size_t>(), limit) << tcp.dump();
+  EXPECT_GE(tcp["evicted"].get<uint64_t>() + tcp["refused"].get<uint64_t>(), 3 * limit) << tcp.dump();
+  for (int fd : clients) close(fd);
+
+  auto source = MakeEngine(/*force_tcp=*/true);
+  std::vector<uint8_t> src(1 << 20, 9), dst(1 << 20, 0);
+  ASSERT_TRUE(source->RegisterMemory(src.data(), src.size()).ok());
+  ASSERT_TRUE(target->RegisterMemory(dst.data(), dst.size()).ok());
+  auto h = source->OpenSegment(target->segment_name());
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = src.data();
+  r.target = *h;
+  r.target_address = reinterpret_cast<uint64_t>(dst.data());
+  r.length = src.size();
+  Status st = source->TransferSync({r}, std::chrono::seconds(10));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(dst, src);
+}
+
+// RPC requests are answered only once the engine is initialized: a peer hammering the (fixed) RPC port
+// while Init runs gets either nothing yet or the finished engine's descriptor, never a half-built one.
+TEST(EngineRpcTest, NoRequestIsServedBeforeInitFinishes) {
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
+  socklen_t len = sizeof(any);
+  getsockname(probe, reinterpret_cast<sockaddr*>(&any), &len);
+  uint16_t port = ntohs(any.sin_port);
+  close(probe);
+  std::atomic<bool> done{false};
+  std::atomic<int> answers{0}, bad{0};
+  std::string first_bad;
+  std::thread hammer([&] {
+    while (!done.load()) {
+      RpcFrame f;
+      f.type = RpcType::kMetadata;
+      f.body = "{}";
+      auto reply = RpcCall("127.0.0.1", port, f, std::chrono::milliseconds(2000), 1 << 20);
+      if (!reply.ok()) continue;
+      ++answers;
+      auto j = nlohmann::json::parse(reply->body, nullptr, false);
+      bool whole = j.is_object() && j.value("name", "") == "127.0.0.1:" + std::to_string(port) &&
+                   j.contains("tcp_data_port");
+      if (!whole && bad++ == 0) first_bad = reply->body;
+    }
+  });
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1:" + std::to_string(port);
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.config.force_tcp = true;
+  o.config.legacy_rpc_port_binding = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto e = TransferEngine::Create(o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  done = true;
+  hammer.join();
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_GT(answers.load(), 0);
+  EXPECT_EQ(bad.load(), 0) << first_bad;
+}
+
+}  // namespace
+}  // namespace mooncake::te

@@ -77,6 +77,8 @@ class Transport {
 
   /// Per-path counters as JSON (bytes, slices, errors, state); empty object by default.
   virtual nlohmann::json Stats() const { return nlohmann::json::object(); }
+  /// Counters of the transport's own listener (connections from peers), or null when it has none.
+  virtual nlohmann::json ListenerStats() const { return nullptr; }
 };
 
 using TransportFactory = std::function<std::unique_ptr<Transport>()>;

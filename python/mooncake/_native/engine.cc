@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "python/mooncake/_native/buffers.h"
+#include "transfer_engine/common/checked_copy.h"
 #include "transfer_engine/compat/compat_engine.h"
 
 namespace nb = nanobind;
@@ -55,13 +56,36 @@ std::vector<uintptr_t> Addresses(const nb::sequence& objs, const std::vector<siz
   return out;
 }
 
-/// The raw-memory helpers touch only memory registered with this engine: a bad address is an error, not a crash.
-void RequireRegistered(const CompatEngine& e, uintptr_t addr, size_t length) {
-  if (!e.IsRegistered(addr, length)) {
-    throw nb::value_error(("range [" + std::to_string(addr) + ", +" + std::to_string(length) +
-                           ") is not inside memory registered with this engine")
-                              .c_str());
+// write_bytes_to_buffer / read_bytes_from_buffer: plain copies on any address of this process (registered or
+// not, as in Mooncake), made by the kernel so that an unmapped or protected address is a ValueError, never a
+// crash. The copy runs without the GIL.
+int WriteBytes(uintptr_t dest, nb::bytes src, size_t length) {
+  if (length > src.size()) throw nb::value_error("length exceeds the bytes given");
+  te::Status st;
+  {
+    nb::gil_scoped_release r;
+    st = te::CheckedCopy(reinterpret_cast<void*>(dest), src.c_str(), length);
   }
+  if (!st.ok()) throw nb::value_error(("write_bytes_to_buffer: " + st.message()).c_str());
+  return 0;
+}
+
+nb::bytes ReadBytes(uintptr_t src, size_t length) {
+  const void* from = reinterpret_cast<const void*>(src);
+  te::Status st = length > static_cast<size_t>(PY_SSIZE_T_MAX) ? te::InvalidArgument("length is too large")
+                                                                : te::CheckMapped(from, length, "source");
+  if (!st.ok()) throw nb::value_error(("read_bytes_from_buffer: " + st.message()).c_str());
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(length));
+  if (!out) throw nb::python_error();
+  {
+    nb::gil_scoped_release r;
+    st = te::CheckedCopy(PyBytes_AS_STRING(out), from, length);
+  }
+  if (!st.ok()) {
+    Py_DECREF(out);
+    throw nb::value_error(("read_bytes_from_buffer: " + st.message()).c_str());
+  }
+  return nb::steal<nb::bytes>(out);
 }
 
 std::optional<Notification> ToNotification(nb::handle notify) {
@@ -198,16 +222,16 @@ void RegisterEngine(nb::module_& m) {
       .def("send_notify", &CompatEngine::SendNotify, "peer_server_name"_a, "notify"_a, release)
       .def("get_stats", &CompatEngine::StatsJson,
            "Per-peer transport counters as a JSON string (bytes, slices, errors, lanes, state).")
-      .def("write_bytes_to_buffer", [](CompatEngine& e, uintptr_t dest, nb::bytes src, size_t length) {
-             if (length > src.size()) throw nb::value_error("length exceeds the bytes given");
-             RequireRegistered(e, dest, length);
-             memcpy(reinterpret_cast<void*>(dest), src.c_str(), length);
-             return 0;
-           }, "dest_address"_a, "src_bytes"_a, "length"_a)
-      .def("read_bytes_from_buffer", [](CompatEngine& e, uintptr_t src, size_t length) {
-             RequireRegistered(e, src, length);
-             return nb::bytes(reinterpret_cast<const char*>(src), length);
-           }, "source_address"_a, "length"_a)
+      .def("write_bytes_to_buffer", [](CompatEngine&, uintptr_t dest, nb::bytes src, size_t length) {
+             return WriteBytes(dest, std::move(src), length);
+           }, "dest_address"_a, "src_bytes"_a, "length"_a,
+           "Copies `length` bytes of `src_bytes` to any writable address of this process; 0. An unmapped or\n"
+           "read-only destination raises ValueError.")
+      .def("read_bytes_from_buffer", [](CompatEngine&, uintptr_t src, size_t length) {
+             return ReadBytes(src, length);
+           }, "source_address"_a, "length"_a,
+           "`length` bytes copied from any readable address of this process. An unmapped or protected source\n"
+           "raises ValueError.")
       .def("warmup_efa_segment", [](CompatEngine&, const std::string&) { return 0; }, "segment_name"_a)
       .def("get_engine", [](CompatEngine& e) { return InnerTransferEngine{e.engine()}; })
       .def("get_engine_ptr", [](CompatEngine& e) { return reinterpret_cast<uintptr_t>(e.engine()); });

@@ -1,7 +1,8 @@
 // etcd metadata backend ("etcd://host:port[;host:port...]", also a bare "host:port"), over etcd's v3 JSON
 // gateway with libcurl (no gRPC/Go dependency). Every key this engine writes is bound to one lease of
 // MC_METADATA_LEASE_TTL seconds, kept alive from a background thread: a crashed engine's keys vanish when the
-// lease expires; a clean exit revokes the lease (and deletes the keys).
+// lease expires; a clean exit revokes the lease (and deletes the keys). Names are claimed with transactions
+// (create-if-absent, delete-if-unchanged), so two engines never both hold one key.
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -15,6 +16,7 @@
 
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/core/metadata.h"
+#include "transfer_engine/metadata/common/owned_keys.h"
 #include "transfer_engine/metadata/common/periodic.h"
 #include "transfer_engine/metadata/http/http_client.h"
 
@@ -87,16 +89,48 @@ class EtcdKeyValueStore : public KeyValueStore {
 
   Status Put(const std::string& key, const std::string& value) override {
     std::lock_guard lock(mu_);
-    owned_[key] = value;
-    return PutLocked(key, value);
+    MC_RETURN_IF_ERROR(PutLocked(key, value));
+    owned_.Set(key, value);
+    return Status::Ok();
   }
 
-  Status Delete(const std::string& key) override {
+  StatusOr<bool> Create(const std::string& key, const std::string& value) override {
+    std::lock_guard lock(mu_);
+    auto created = CreateLocked(key, value);
+    if (created.ok() && *created) owned_.Set(key, value);
+    return created;
+  }
+
+  StatusOr<bool> Adopt(const std::string& key, const std::string& value) override {
+    std::lock_guard lock(mu_);
+    auto adopted = PutIfValueLocked(key, value, key, value);
+    if (adopted.ok() && *adopted) owned_.Set(key, value);
+    return adopted;
+  }
+
+  StatusOr<bool> PutGuarded(const std::string& key, const std::string& value, const std::string& guard,
+                            const std::string& guard_value) override {
+    std::lock_guard lock(mu_);
+    auto put = PutIfValueLocked(key, value, guard, guard_value);
+    if (put.ok() && *put) owned_.Set(key, value, guard);
+    return put;
+  }
+
+  bool Owns(const std::string& key) override {
+    std::lock_guard lock(mu_);
+    return owned_.Contains(key);
+  }
+
+  Status DeleteIfValue(const std::string& key, const std::string& value) override {
     {
       std::lock_guard lock(mu_);
-      owned_.erase(key);
+      owned_.EraseIfValue(key, value);
     }
-    auto r = Post("/v3/kv/deleterange", nlohmann::json{{"key", Base64Encode(key)}});
+    nlohmann::json txn = {
+        {"compare", {{{"key", Base64Encode(key)}, {"target", "VALUE"}, {"result", "EQUAL"},
+                      {"value", Base64Encode(value)}}}},
+        {"success", {{{"request_delete_range", {{"key", Base64Encode(key)}}}}}}};
+    auto r = Post("/v3/kv/txn", txn);
     return r.ok() ? Status::Ok() : r.status();
   }
 
@@ -110,6 +144,31 @@ class EtcdKeyValueStore : public KeyValueStore {
     return Status::Ok();
   }
 
+  // A transaction: put (on our lease) only if the key has never been created (or was deleted since).
+  StatusOr<bool> CreateLocked(const std::string& key, const std::string& value) {
+    nlohmann::json txn = {
+        {"compare", {{{"key", Base64Encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"},
+                      {"create_revision", "0"}}}},
+        {"success", {{{"request_put", {{"key", Base64Encode(key)}, {"value", Base64Encode(value)},
+                                       {"lease", lease_}}}}}}};
+    auto r = Post("/v3/kv/txn", txn);
+    if (!r.ok()) return r.status();
+    return r->value("succeeded", false);  // proto3 JSON leaves out a false
+  }
+
+  // A transaction: put `key` (on our lease) only while `guard` holds `guard_value`.
+  StatusOr<bool> PutIfValueLocked(const std::string& key, const std::string& value, const std::string& guard,
+                                  const std::string& guard_value) {
+    nlohmann::json txn = {
+        {"compare", {{{"key", Base64Encode(guard)}, {"target", "VALUE"}, {"result", "EQUAL"},
+                      {"value", Base64Encode(guard_value)}}}},
+        {"success", {{{"request_put", {{"key", Base64Encode(key)}, {"value", Base64Encode(value)},
+                                       {"lease", lease_}}}}}}};
+    auto r = Post("/v3/kv/txn", txn);
+    if (!r.ok()) return r.status();
+    return r->value("succeeded", false);
+  }
+
   Status PutLocked(const std::string& key, const std::string& value) {
     auto r = Post("/v3/kv/put",
                   nlohmann::json{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}, {"lease", lease_}});
@@ -117,23 +176,46 @@ class EtcdKeyValueStore : public KeyValueStore {
   }
 
   // Renews the lease; if etcd lost it (expired while unreachable, or etcd restarted), takes a new one and
-  // writes the keys again.
+  // writes the keys again (until all are back: a failed write is retried on the next round).
   void KeepAlive() {
     std::lock_guard lock(mu_);
-    auto r = Post("/v3/lease/keepalive", nlohmann::json{{"ID", lease_}});
-    if (!r.ok()) {
-      MC_LOG(kWarning) << "etcd keep-alive failed: " << r.status().message();
-      return;
+    if (!republish_pending_) {
+      auto r = Post("/v3/lease/keepalive", nlohmann::json{{"ID", lease_}});
+      if (!r.ok()) {
+        MC_LOG(kWarning) << "etcd keep-alive failed: " << r.status().message();
+        return;
+      }
+      auto result = r->find("result");
+      std::string ttl = result != r->end() && result->is_object() ? result->value("TTL", "0") : "0";
+      if (ttl != "0") return;
+      MC_LOG(kWarning) << "etcd lease " << lease_ << " was lost; re-publishing " << owned_.size() << " key(s)";
+      if (!GrantLocked().ok()) return;
+      republish_pending_ = true;
     }
-    auto result = r->find("result");
-    std::string ttl = result != r->end() && result->is_object() ? result->value("TTL", "0") : "0";
-    if (ttl != "0") return;
-    MC_LOG(kWarning) << "etcd lease " << lease_ << " was lost; re-publishing " << owned_.size() << " key(s)";
-    if (!GrantLocked().ok()) return;
-    for (const auto& [k, v] : owned_) {
-      Status st = PutLocked(k, v);
-      if (!st.ok()) MC_LOG(kWarning) << "etcd: re-publishing '" << k << "' failed: " << st.message();
+    // Our keys went with the lease: write each back unless another engine created it meanwhile; claims
+    // (guards) first, and a guarded key only while its guard is still ours.
+    bool failed = false;
+    for (const std::string& key : owned_.GuardsFirst()) {
+      const OwnedKeys::Entry* e = owned_.Find(key);
+      if (!e) continue;  // dropped with its guard
+      StatusOr<bool> written = false;
+      if (e->guard.empty()) {
+        written = CreateLocked(key, e->value);
+        // Written by us before a failed round (the write landed, its answer did not).
+        if (written.ok() && !*written) written = PutIfValueLocked(key, e->value, key, e->value);
+      } else if (const std::string* gv = owned_.GuardValue(key)) {
+        written = PutIfValueLocked(key, e->value, e->guard, *gv);
+      }
+      if (!written.ok()) {
+        MC_LOG(kWarning) << "etcd: re-publishing '" << key << "' failed: " << written.status().message();
+        failed = true;
+      } else if (!*written) {
+        MC_LOG(kError) << "etcd: '" << key << "' was taken by another engine while our lease was lost; "
+                       << "not publishing it (nor what it guards) again";
+        owned_.Drop(key);
+      }
     }
+    republish_pending_ = failed;
   }
 
   // POSTs to the first endpoint that answers (starting with the last one that did).
@@ -162,9 +244,10 @@ class EtcdKeyValueStore : public KeyValueStore {
   std::chrono::seconds ttl_;
   HttpClient http_;
   std::atomic<size_t> good_{0};  // the endpoint that answered last (any thread)
-  std::mutex mu_;  // guards lease_, owned_
+  std::mutex mu_;  // guards lease_, owned_, republish_pending_
   std::string lease_;
-  std::map<std::string, std::string> owned_;
+  OwnedKeys owned_;
+  bool republish_pending_ = false;  // a new lease was granted; not every key is back on it yet
   std::unique_ptr<Periodic> keepalive_;
 };
 

@@ -2,11 +2,28 @@
 
 #include <curl/curl.h>
 
+#include <cctype>
+
 namespace mooncake::te {
 namespace {
 
 size_t AppendBody(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// One header line ("Name: value\r\n"; also the status line and the final empty line, which have no colon).
+size_t AppendHeader(char* data, size_t size, size_t n, void* out) {
+  std::string line(data, size * n);
+  auto colon = line.find(':');
+  if (colon != std::string::npos) {
+    std::string name = line.substr(0, colon);
+    for (auto& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    size_t b = line.find_first_not_of(" \t", colon + 1);
+    size_t e = line.find_last_not_of(" \t\r\n");
+    (*static_cast<std::map<std::string, std::string>*>(out))[name] =
+        b == std::string::npos || e < b ? "" : line.substr(b, e - b + 1);
+  }
   return size * n;
 }
 
@@ -44,6 +61,8 @@ StatusOr<HttpResponse> HttpClient::Request(const std::string& method, const std:
   curl_easy_setopt(curl_, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, AppendBody);
   curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &response.body);
+  curl_easy_setopt(curl_, CURLOPT_HEADERFUNCTION, AppendHeader);
+  curl_easy_setopt(curl_, CURLOPT_HEADERDATA, &response.headers);
   curl_slist* headers = nullptr;
   if (body) {
     headers = curl_slist_append(headers, "Content-Type: application/json");

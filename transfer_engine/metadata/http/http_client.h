@@ -1,6 +1,7 @@
 #ifndef MOONCAKE_TRANSFER_ENGINE_METADATA_HTTP_HTTP_CLIENT_H_
 #define MOONCAKE_TRANSFER_ENGINE_METADATA_HTTP_HTTP_CLIENT_H_
 
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -13,6 +14,7 @@ namespace mooncake::te {
 struct HttpResponse {
   long code = 0;
   std::string body;
+  std::map<std::string, std::string> headers;  ///< by lowercase name; values trimmed
 };
 
 /// A libcurl easy handle behind a mutex: one keep-alive connection per client. Thread-safe.

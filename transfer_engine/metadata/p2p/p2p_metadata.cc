@@ -14,7 +14,10 @@ class P2pMetadataBackend : public MetadataBackend {
 
   bool names_are_rpc_addresses() const override { return true; }
   Status PublishSegment(const std::string&, const std::string&) override { return Status::Ok(); }
-  Status PublishRpcAddress(const std::string&, const net::HostPort&) override { return Status::Ok(); }
+  // Names are "host:<our bound RPC port>": the port makes them unique, there is nothing to claim.
+  Status PublishRpcAddress(const std::string&, const net::HostPort&, const OwnerCheck&) override {
+    return Status::Ok();
+  }
   Status Unpublish(const std::string&) override { return Status::Ok(); }
 
   StatusOr<net::HostPort> ResolveRpcAddress(const std::string& name) override {

@@ -1,9 +1,13 @@
 // Redis metadata backend ("redis://host:port"), with hiredis. Keys this engine writes carry a TTL of
 // MC_METADATA_LEASE_TTL seconds, refreshed from a background thread (re-written if Redis lost them): a crashed
-// engine's keys expire. Auth and database: MC_REDIS_USERNAME, MC_REDIS_PASSWORD, MC_REDIS_DB_INDEX (0-255).
+// engine's keys expire. Names are claimed with SET NX; compare-and-set / compare-and-delete run as Lua scripts
+// (EVAL), or, where the server refuses scripting (ACL, renamed command), as WATCH/MULTI/EXEC transactions.
+// Auth and database: MC_REDIS_USERNAME, MC_REDIS_PASSWORD, MC_REDIS_DB_INDEX (0-255).
 #include <hiredis/hiredis.h>
 
 #include <cstdlib>
+#include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +17,7 @@
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
 #include "transfer_engine/core/metadata.h"
+#include "transfer_engine/metadata/common/owned_keys.h"
 #include "transfer_engine/metadata/common/periodic.h"
 
 namespace mooncake::te {
@@ -54,14 +59,48 @@ class RedisKeyValueStore : public KeyValueStore {
 
   Status Put(const std::string& key, const std::string& value) override {
     std::lock_guard lock(mu_);
-    owned_[key] = value;
-    return SetLocked(key, value);
+    MC_RETURN_IF_ERROR(SetLocked(key, value, /*only_if_absent=*/false).status());
+    owned_.Set(key, value);
+    return Status::Ok();
   }
 
-  Status Delete(const std::string& key) override {
+  StatusOr<bool> Create(const std::string& key, const std::string& value) override {
     std::lock_guard lock(mu_);
-    owned_.erase(key);
-    auto r = CommandLocked({"DEL", key});
+    auto created = SetLocked(key, value, /*only_if_absent=*/true);
+    if (created.ok() && *created) owned_.Set(key, value);
+    return created;
+  }
+
+  StatusOr<bool> Adopt(const std::string& key, const std::string& value) override {
+    std::lock_guard lock(mu_);
+    auto adopted = SetIfValueLocked(key, value, key, value);
+    if (adopted.ok() && *adopted) owned_.Set(key, value);
+    return adopted;
+  }
+
+  StatusOr<bool> PutGuarded(const std::string& key, const std::string& value, const std::string& guard,
+                            const std::string& guard_value) override {
+    std::lock_guard lock(mu_);
+    auto put = SetIfValueLocked(key, value, guard, guard_value);
+    if (put.ok() && *put) owned_.Set(key, value, guard);
+    return put;
+  }
+
+  bool Owns(const std::string& key) override {
+    std::lock_guard lock(mu_);
+    return owned_.Contains(key);
+  }
+
+  Status DeleteIfValue(const std::string& key, const std::string& value) override {
+    std::lock_guard lock(mu_);
+    owned_.EraseIfValue(key, value);
+    static const char kScript[] =
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+    auto r = CompareLocked(kScript, {key}, {value}, key,
+                           [&](const std::optional<std::string>& current, Commands* run) {
+                             if (current == value) run->push_back({"DEL", key});
+                             return 0;
+                           });
     return r.ok() ? Status::Ok() : r.status();
   }
 
@@ -121,26 +160,141 @@ class RedisKeyValueStore : public KeyValueStore {
     return RawLocked(args);
   }
 
-  Status SetLocked(const std::string& key, const std::string& value) {
-    auto r = CommandLocked({"SET", key, value, "EX", std::to_string(ttl_.count())});
-    return r.ok() ? Status::Ok() : r.status();
+  using Commands = std::vector<std::vector<std::string>>;
+  /// Given the watched key's current value (nullopt: absent), queues the commands to run and returns the
+  /// result to report.
+  using Decide = std::function<long long(const std::optional<std::string>& current, Commands* run)>;
+
+  // Whether a refused EVAL means "no scripting here" (rather than a failure of the script itself).
+  static bool ScriptingRefused(const Status& st) {
+    const std::string& m = st.message();
+    return m.find("NOSCRIPT") != std::string::npos || m.find("NOPERM") != std::string::npos ||
+           m.find("unknown command") != std::string::npos || m.find("disabled") != std::string::npos;
   }
 
+  // A compare-and-act on one key: `script` (KEYS, ARGV; returns an integer) with EVAL, or the same as an
+  // optimistic transaction where scripting is refused: WATCH `watch`, GET it, `decide`, MULTI/EXEC (retried
+  // when the watched key changed in between).
+  StatusOr<long long> CompareLocked(const char* script, const std::vector<std::string>& keys,
+                                    const std::vector<std::string>& args, const std::string& watch,
+                                    const Decide& decide) {
+    if (scripting_) {
+      std::vector<std::string> cmd = {"EVAL", script, std::to_string(keys.size())};
+      cmd.insert(cmd.end(), keys.begin(), keys.end());
+      cmd.insert(cmd.end(), args.begin(), args.end());
+      auto r = CommandLocked(cmd);
+      if (r.ok()) return (*r)->type == REDIS_REPLY_INTEGER ? (*r)->integer : 0;
+      if (!ScriptingRefused(r.status())) return r.status();
+      MC_LOG(kWarning) << "redis at " << addr_.ToString() << " refuses scripts (" << r.status().message()
+                       << "); using WATCH/MULTI transactions instead";
+      scripting_ = false;
+    }
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      auto w = CommandLocked({"WATCH", watch});
+      if (!w.ok()) return w.status();
+      auto got = RawLocked({"GET", watch});
+      if (!got.ok()) return got.status();
+      std::optional<std::string> current;
+      if ((*got)->type == REDIS_REPLY_STRING) current = std::string((*got)->str, (*got)->len);
+      Commands run;
+      long long result = decide(current, &run);
+      if (run.empty()) {
+        auto u = RawLocked({"UNWATCH"});
+        if (!u.ok()) return u.status();
+        return result;
+      }
+      auto m = RawLocked({"MULTI"});
+      if (!m.ok()) return m.status();
+      for (const auto& c : run) {
+        auto q = RawLocked(c);
+        if (!q.ok()) {
+          (void)RawLocked({"DISCARD"});
+          return q.status();
+        }
+      }
+      auto e = RawLocked({"EXEC"});
+      if (!e.ok()) return e.status();
+      if ((*e)->type != REDIS_REPLY_NIL) return result;  // nil: the watched key changed; again
+    }
+    return Status(ErrorCode::kMetadata, "redis: '" + watch + "' kept changing during a compare-and-set");
+  }
+
+  // SET `key` with our TTL only while `guard` holds `guard_value`. Whether it was written.
+  StatusOr<bool> SetIfValueLocked(const std::string& key, const std::string& value, const std::string& guard,
+                                  const std::string& guard_value) {
+    static const char kScript[] =
+        "if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3]) "
+        "return 1 end return 0";
+    std::string ttl = std::to_string(ttl_.count());
+    auto r = CompareLocked(kScript, {key, guard}, {value, guard_value, ttl}, guard,
+                           [&](const std::optional<std::string>& current, Commands* run) {
+                             if (current != guard_value) return 0;
+                             run->push_back({"SET", key, value, "EX", ttl});
+                             return 1;
+                           });
+    if (!r.ok()) return r.status();
+    return *r == 1;
+  }
+
+  // SET with our TTL (NX: only when absent). Whether it was written.
+  StatusOr<bool> SetLocked(const std::string& key, const std::string& value, bool only_if_absent) {
+    std::vector<std::string> args = {"SET", key, value, "EX", std::to_string(ttl_.count())};
+    if (only_if_absent) args.push_back("NX");
+    auto r = CommandLocked(args);
+    if (!r.ok()) return r.status();
+    return (*r)->type != REDIS_REPLY_NIL;
+  }
+
+  // Extends the TTL of each key that still holds our value; writes back one Redis lost (expired, Redis
+  // restarted) unless another engine created it meanwhile, and then lets it go with the keys it guards.
+  // Claims (guards) first; a guarded key only while its guard is still ours.
   void Refresh() {
+    static const char kScript[] =
+        "local v = redis.call('GET', KEYS[1]) "
+        "if v == ARGV[1] then return redis.call('EXPIRE', KEYS[1], ARGV[2]) elseif v then return -1 end "
+        "return 0";
     std::lock_guard lock(mu_);
-    for (const auto& [key, value] : owned_) {
-      auto r = CommandLocked({"EXPIRE", key, std::to_string(ttl_.count())});
-      if (r.ok() && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 1) continue;
-      Status st = r.ok() ? SetLocked(key, value) : r.status();  // lost (expired, or Redis restarted): rewrite
-      if (!st.ok()) MC_LOG(kWarning) << "redis: keeping '" << key << "' alive failed: " << st.message();
+    std::string ttl = std::to_string(ttl_.count());
+    for (const std::string& key : owned_.GuardsFirst()) {
+      const OwnedKeys::Entry* e = owned_.Find(key);
+      if (!e) continue;  // dropped with its guard
+      const std::string value = e->value;
+      const std::string guard = e->guard;
+      auto r = CompareLocked(kScript, {key}, {value, ttl}, key,
+                             [&](const std::optional<std::string>& current, Commands* run) {
+                               if (!current) return 0;
+                               if (*current != value) return -1;
+                               run->push_back({"EXPIRE", key, ttl});
+                               return 1;
+                             });
+      if (r.ok() && *r == 1) continue;
+      StatusOr<bool> written = false;
+      if (r.ok() && *r == 0) {  // lost: write it back
+        if (guard.empty()) {
+          written = SetLocked(key, value, /*only_if_absent=*/true);
+        } else if (const std::string* gv = owned_.GuardValue(key)) {
+          written = SetIfValueLocked(key, value, guard, *gv);
+        }
+      }
+      Status st = !r.ok() ? r.status() : written.status();
+      if (!st.ok()) {
+        MC_LOG(kWarning) << "redis: keeping '" << key << "' alive failed: " << st.message();
+        continue;
+      }
+      if (!*written) {
+        MC_LOG(kError) << "redis: '" << key << "' was taken by another engine while ours had expired; "
+                       << "not publishing it (nor what it guards) again";
+        owned_.Drop(key);
+      }
     }
   }
 
   net::HostPort addr_;
   std::chrono::seconds ttl_;
-  std::mutex mu_;  // guards ctx_, owned_
+  std::mutex mu_;  // guards ctx_, owned_, scripting_
   redisContext* ctx_ = nullptr;
-  std::map<std::string, std::string> owned_;
+  OwnedKeys owned_;
+  bool scripting_ = true;  // false once the server refused EVAL
   std::unique_ptr<Periodic> refresher_;
 };
 

@@ -90,12 +90,16 @@ Status ShmTransport::Start(const TransportContext& ctx) {
     long long s = atoll(v);
     if (s >= 4096) slice_size_ = static_cast<size_t>(s);
   }
+  int copy_threads = std::min(2, UsableCpus());
+  if (const char* v = getenv("MC_SHM_COPY_THREADS")) copy_threads = std::max(1, std::min(64, atoi(v)));
+  if (!copier_) copier_ = std::make_unique<ParallelCopier>(copy_threads);
   workers_ = std::make_unique<WorkQueue>(threads);
   return Status::Ok();
 }
 
 void ShmTransport::Stop() {
   if (workers_) workers_->Stop();  // the workers finish the queue first: every slice completes
+  if (copier_) copier_->Stop();    // a synchronous copy still running finishes on its caller's thread
   std::lock_guard lock(mu_);
   peers_.clear();
 }
@@ -203,10 +207,25 @@ Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
   return Status::Ok();
 }
 
+Status ShmTransport::CopyInParts(const SegmentDescriptor& desc, Slice* s, uint64_t Peer::*kind,
+                                 const ParallelCopier::PartFn& part) {
+  ParallelCopier::Outcome out = copier_->Run(s->length, part);
+  std::lock_guard lock(mu_);
+  Peer& p = PeerFor(desc);
+  p.parts += out.parts;
+  p.helper_parts += out.helper_parts;
+  if (kind && out.status.ok()) p.*kind += 1;
+  return out.status;
+}
+
 Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
-  auto copy = [s](char* remote) {
-    if (s->opcode == OpCode::kWrite) memcpy(remote, s->local, s->length);
-    else memcpy(s->local, remote, s->length);
+  // The slice's bytes at `remote`, a pointer valid in this process.
+  auto with_memcpy = [s](char* remote) -> ParallelCopier::PartFn {
+    return [s, remote](size_t offset, size_t len) {
+      if (s->opcode == OpCode::kWrite) memcpy(remote + offset, s->local + offset, len);
+      else memcpy(s->local + offset, remote + offset, len);
+      return Status::Ok();
+    };
   };
   if (desc.json.value("instance", "") == ctx_.instance) {
     // This engine's own segment: its registry is the authority, and the pin blocks unregistering meanwhile.
@@ -215,8 +234,7 @@ Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
       return Status(ErrorCode::kRemoteRejected,
                     "range " + Range(s->remote, s->length) + " is not registered for remote access");
     }
-    copy(reinterpret_cast<char*>(s->remote));
-    return Status::Ok();
+    return CopyInParts(desc, s, nullptr, with_memcpy(reinterpret_cast<char*>(s->remote)));
   }
   MC_RETURN_IF_ERROR(CheckEpoch(desc));
   const BufferDescriptor* buf = desc.FindBuffer(s->remote, s->length);
@@ -226,26 +244,21 @@ Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
   }
   int pid = desc.json.value("pid", 0);
   if (pid == pid_) {  // another engine in this process: same address space
-    copy(reinterpret_cast<char*>(s->remote));
-    return Status::Ok();
+    return CopyInParts(desc, s, nullptr, with_memcpy(reinterpret_cast<char*>(s->remote)));
   }
   if (buf->shm_fd >= 0) {
     auto m = MapBuffer(desc, *buf);
     if (m.ok()) {
-      copy((*m)->base + buf->shm_offset + (s->remote - buf->addr));
-      std::lock_guard lock(mu_);
-      PeerFor(desc).mapped_copies++;
-      return Status::Ok();
+      // `m` keeps the mapping alive until every part is done.
+      return CopyInParts(desc, s, &Peer::mapped_copies,
+                         with_memcpy((*m)->base + buf->shm_offset + (s->remote - buf->addr)));
     }
     MC_LOG(kDebug) << "mapping a buffer of '" << desc.name << "' failed (" << m.status().message()
                    << "); using cross-memory attach";
   }
-  Status st = Attach(pid, s->opcode, s->local, s->remote, s->length);
-  if (st.ok()) {
-    std::lock_guard lock(mu_);
-    PeerFor(desc).attach_copies++;
-  }
-  return st;
+  return CopyInParts(desc, s, &Peer::attach_copies, [pid, s](size_t offset, size_t len) {
+    return Attach(pid, s->opcode, s->local + offset, s->remote + offset, len);
+  });
 }
 
 void ShmTransport::Copy(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
@@ -287,9 +300,14 @@ nlohmann::json ShmTransport::Stats() const {
   std::lock_guard lock(mu_);
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [key, p] : peers_) {
-    out[p.name] = {{"bytes", p.bytes},       {"slices", p.slices},
-                   {"errors", p.errors},     {"mapped_copies", p.mapped_copies},
-                   {"attach_copies", p.attach_copies}, {"state", p.usable ? "up" : "unusable: " + p.why}};
+    out[p.name] = {{"bytes", p.bytes},
+                   {"slices", p.slices},
+                   {"errors", p.errors},
+                   {"mapped_copies", p.mapped_copies},
+                   {"attach_copies", p.attach_copies},
+                   {"parts", p.parts},
+                   {"helper_parts", p.helper_parts},
+                   {"state", p.usable ? "up" : "unusable: " + p.why}};
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "transfer_engine/common/work_queue.h"
+#include "transfer_engine/transport/shm/parallel_copy.h"
 #include "transfer_engine/transport/transport.h"
 
 namespace mooncake::te::shm {
@@ -26,6 +27,9 @@ namespace mooncake::te::shm {
 /// process the registry is checked and pinned directly.
 ///
 /// Threading: SubmitAndDrive copies on the caller's thread; Submit hands the work to MC_SHM_THREADS workers.
+/// Either way a large slice is cut into parts copied by that thread together with MC_SHM_COPY_THREADS - 1
+/// helpers (default: 2 threads in all, at most the usable CPUs), since one thread's cross-memory attach into
+/// 4 KiB pages runs at about two thirds of memcpy (the kernel pins each page; see README.md).
 class ShmTransport : public Transport {
  public:
   ShmTransport();
@@ -53,11 +57,14 @@ class ShmTransport : public Transport {
     std::map<int, std::shared_ptr<Mapping>> mappings;  // by the peer's memfd number
     std::shared_ptr<Mapping> epoch;                    // the peer's registration epoch page
     uint64_t bytes = 0, slices = 0, errors = 0, mapped_copies = 0, attach_copies = 0;
+    uint64_t parts = 0, helper_parts = 0;  // slices' copy parts, and how many of them helper threads copied
   };
 
   Peer& PeerFor(const SegmentDescriptor& desc) const;  // mu_ held
   void Copy(const SegmentDescriptor& desc, const std::vector<Slice*>& slices);
   Status CopySlice(const SegmentDescriptor& desc, Slice* s);
+  /// Runs the slice's copy through `part` on copier_ and counts it for the peer (in `kind` when not null).
+  Status CopyInParts(const SegmentDescriptor& desc, Slice* s, uint64_t Peer::*kind, const ParallelCopier::PartFn& part);
   /// kStaleMetadata when the peer unregistered memory after `desc` was fetched (its epoch page moved on).
   Status CheckEpoch(const SegmentDescriptor& desc);
   StatusOr<std::shared_ptr<Mapping>> MapBuffer(const SegmentDescriptor& desc, const BufferDescriptor& buf);
@@ -68,7 +75,8 @@ class ShmTransport : public Transport {
   mutable std::mutex mu_;  // guards peers_
   mutable std::map<std::string, Peer> peers_;  // by peer instance id
 
-  std::unique_ptr<WorkQueue> workers_;  // MC_SHM_THREADS threads for asynchronous batches
+  std::unique_ptr<ParallelCopier> copier_;  // MC_SHM_COPY_THREADS threads per large slice; helpers end in Stop
+  std::unique_ptr<WorkQueue> workers_;      // MC_SHM_THREADS threads for asynchronous batches
 };
 
 }  // namespace mooncake::te::shm

@@ -22,6 +22,14 @@ ServerConnection::ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* m
                                    std::function<void(ServerConnection*)> on_close)
     : fd_(fd), loop_(loop), memory_(memory), max_frame_(max_frame), on_close_(std::move(on_close)) {
   peer_ = net::PeerName(fd);
+  Progress();
+  frame_start_ = std::chrono::steady_clock::now();
+}
+
+bool ServerConnection::Stalled(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds timeout) const {
+  bool mid_frame = rend_ > rstart_ || write_left_ > 0;
+  bool busy = mid_frame || !out_.empty();
+  return fd_ >= 0 && ((busy && now - last_progress() > timeout) || (mid_frame && now - frame_start_ > timeout));
 }
 
 ServerConnection::~ServerConnection() {
@@ -71,7 +79,10 @@ void ServerConnection::QueueResponse(FrameStatus status, uint64_t seq, const cha
 ssize_t ServerConnection::RecvSome(char* dst, size_t len, const char* eof_why) {
   while (true) {
     ssize_t n = recv(fd_, dst, len, MSG_DONTWAIT);
-    if (n > 0) return n;
+    if (n > 0) {
+      Progress();
+      return n;
+    }
     if (n == 0) {
       Close(eof_why);
       return -1;
@@ -121,6 +132,7 @@ bool ServerConnection::ReadRequests() {
       if (write_dst_) write_dst_ += got;
       write_left_ -= got;
       if (write_left_ == 0) {
+        frame_start_ = std::chrono::steady_clock::now();  // the next frame (maybe buffered already) starts
         // The payload is in place: only now acknowledge it.
         QueueResponse(write_pin_ ? FrameStatus::kOk : FrameStatus::kAddressRejected, write_seq_, nullptr, 0,
                       nullptr);
@@ -133,6 +145,7 @@ bool ServerConnection::ReadRequests() {
     ParseResult r = DecodeRequest(rbuf_ + rstart_, rend_ - rstart_, max_frame_, &h);
     if (r == ParseResult::kNeedMore) {
       if (rstart_ == rend_) rstart_ = rend_ = 0;
+      if (rstart_ == rend_) frame_start_ = std::chrono::steady_clock::now();  // a new frame starts with what comes
       if (sizeof(rbuf_) - rend_ < kRequestHeaderSize) {
         memmove(rbuf_, rbuf_ + rstart_, rend_ - rstart_);
         rend_ -= rstart_;
@@ -149,6 +162,7 @@ bool ServerConnection::ReadRequests() {
       return false;
     }
     rstart_ += kRequestHeaderSize;
+    if (h.op != FrameOp::kWrite || h.length == 0) frame_start_ = std::chrono::steady_clock::now();  // complete
     const uint64_t epoch = memory_->epoch();  // read before the lookup: a later unregistration changes it
     RegionPin pin = memory_->Find(h.addr, h.length, /*remote=*/true);
     if (h.op == FrameOp::kWrite) {
@@ -207,6 +221,7 @@ bool ServerConnection::Flush() {
       Close(std::string("send: ") + strerror(errno));
       return false;
     }
+    if (w > 0) Progress();
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !out_.empty()) {
       Out& o = out_.front();

@@ -3,6 +3,8 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -19,8 +21,8 @@ namespace mooncake::te::tcp {
 /// they landed, sends READ payloads straight from memory. A malformed frame closes the connection (logged);
 /// a rejected range is answered with kAddressRejected and the connection lives on.
 ///
-/// Threading: used only on its loop's thread. Owned by the transport; `on_close` is called (on the loop
-/// thread) once the socket is closed, after which the owner deletes it.
+/// Threading: used only on its loop's thread, except last_progress() (any thread). Owned by the transport;
+/// `on_close` is called (on the loop thread) once the socket is closed, after which the owner deletes it.
 class ServerConnection : public EventHandler {
  public:
   ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* memory, uint64_t max_frame,
@@ -31,6 +33,17 @@ class ServerConnection : public EventHandler {
   void OnEvents(uint32_t events) override;
   /// Closes the socket (from the loop thread, or after the loop stopped).
   void Close(const std::string& why);
+  /// Whether the connection is in the middle of something (a request frame, a WRITE payload, answers not
+  /// yet sent) and has moved no byte for `timeout`, or has been in the middle of one request frame for
+  /// `timeout` (a peer trickling a byte now and then): a stuck or hostile peer holding registered memory.
+  /// Loop thread only.
+  bool Stalled(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds timeout) const;
+  /// When a byte last moved in either direction (or the connection was accepted).
+  std::chrono::steady_clock::time_point last_progress() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(last_progress_.load(std::memory_order_relaxed)));
+  }
+  IoLoop* loop() const { return loop_; }
 
  private:
   struct Out {
@@ -69,6 +82,11 @@ class ServerConnection : public EventHandler {
   bool want_write_ = false;
   uint32_t interest_ = 0;  // the events registered with the loop
   bool paused_ = false;  // reading stopped because kMaxQueuedResponses answers wait
+  std::chrono::steady_clock::time_point frame_start_;  // when the request frame being received began
+  std::atomic<std::chrono::steady_clock::rep> last_progress_{0};  // steady_clock ticks
+  void Progress() {
+    last_progress_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
 };
 
 }  // namespace mooncake::te::tcp

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,8 +22,11 @@ class TcpTransport::Acceptor : public EventHandler {
     while (true) {
       int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) MC_LOG(kWarning) << "accept: " << strerror(errno);
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        // Out of descriptors (or another failure): the listener stays readable, so it must not be polled
+        // again at once (that would spin); the quietest connection makes room for the next peer.
+        t_->OnAcceptFailed(errno);
         return;
       }
       t_->OnAccept(fd);
@@ -67,6 +71,7 @@ Status TcpTransport::Start(const TransportContext& ctx) {
   listen_fd_ = *fd;
   data_port_ = net::LocalPort(listen_fd_);
   MC_RETURN_IF_ERROR(net::SetNonBlocking(listen_fd_, true));
+  max_server_conns_ = MaxServerConnections();
   for (int i = 0; i < config_->tcp_io_threads; ++i) {
     loops_.push_back(std::make_unique<IoLoop>("mc-tcp-io" + std::to_string(i)));
   }
@@ -111,24 +116,110 @@ void TcpTransport::Stop() {
     for (Slice* s : queued) s->Complete(why);
   }
   std::lock_guard lock(conns_mu_);
-  for (ServerConnection* c : conns_) delete c;
+  for (auto& [id, c] : conns_) delete c.conn;
   conns_.clear();
 }
 
-void TcpTransport::OnAccept(int fd) {
-  net::SetNoDelay(fd);
-  IoLoop* loop = loops_[next_loop_.fetch_add(1) % loops_.size()].get();
-  auto* conn = new ServerConnection(fd, loop, ctx_.memory, config_->tcp_max_frame, [this, loop](ServerConnection* c) {
+size_t TcpTransport::MaxServerConnections() {
+  rlimit nofile{};
+  size_t by_fds = getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+                      ? static_cast<size_t>(nofile.rlim_cur) / 2
+                      : kMaxServerConnections;
+  return std::max<size_t>(16, std::min(kMaxServerConnections, by_fds));
+}
+
+bool TcpTransport::EvictQuietestLocked(const std::string& why) {
+  uint64_t victim_id = 0;
+  ServerConn* victim = nullptr;
+  for (auto& [id, c] : conns_) {
+    if (c.evicting) continue;
+    if (!victim || c.conn->last_progress() < victim->conn->last_progress()) {
+      victim = &c;
+      victim_id = id;
+    }
+  }
+  if (!victim) return false;
+  victim->evicting = true;
+  ++pending_evictions_;
+  evicted_.fetch_add(1, std::memory_order_relaxed);
+  auto now = std::chrono::steady_clock::now();
+  std::string reason;  // logged (as the close's reason) at most once a second
+  if (now - last_evict_log_ >= std::chrono::seconds(1)) {
+    auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->conn->last_progress());
+    reason = why + "; it was the quietest (" + std::to_string(quiet.count()) + " ms)" +
+             (unlogged_evictions_ ? "; " + std::to_string(unlogged_evictions_) + " more evicted before, not logged"
+                                  : "");
+    last_evict_log_ = now;
+    unlogged_evictions_ = 0;
+  } else {
+    ++unlogged_evictions_;
+  }
+  // By id, on the victim's loop: if it closed itself meanwhile its id is gone (its memory may be reused by
+  // a newer connection, which the id tells apart). Found, it is open, and only its own loop closes or
+  // deletes it, so it stays valid while this task runs.
+  victim->conn->loop()->Post([this, victim_id, reason] {
+    ServerConnection* c = nullptr;
     {
       std::lock_guard lock(conns_mu_);
-      conns_.erase(c);
+      auto it = conns_.find(victim_id);
+      if (it == conns_.end()) return;
+      c = it->second.conn;
     }
-    loop->Post([c] { delete c; });  // not from inside its own handler
+    c->Close(reason);
   });
+  return true;
+}
+
+void TcpTransport::OnAcceptFailed(int err) {
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_accept_log_ >= std::chrono::seconds(1)) {
+    last_accept_log_ = now;
+    MC_LOG(kWarning) << "tcp transport: accept failed: " << strerror(err) << "; pausing the data listener for "
+                     << kAcceptBackoff.count() << " ms";
+  }
+  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+    std::lock_guard lock(conns_mu_);
+    EvictQuietestLocked("out of file descriptors for a new data connection");
+  }
+  loops_[0]->Remove(listen_fd_);
+  accept_paused_until_ = now + kAcceptBackoff;
+}
+
+void TcpTransport::OnAccept(int fd) {
+  IoLoop* loop = loops_[next_loop_.fetch_add(1) % loops_.size()].get();
+  uint64_t id = 0;
+  ServerConnection* conn = nullptr;
   {
     std::lock_guard lock(conns_mu_);
-    conns_.insert(conn);
+    // Connections being evicted still count until their loops close them; a burst beyond the limit marks
+    // one further victim per new connection, up to a bound on pending evictions.
+    size_t live = conns_.size() - pending_evictions_;
+    if (live >= max_server_conns_) {
+      bool room = pending_evictions_ < max_server_conns_ / 8 + 1 &&
+                  EvictQuietestLocked("the data port has " + std::to_string(conns_.size()) +
+                                      " connections (its limit is " + std::to_string(max_server_conns_) + ")");
+      if (!room) {
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        close(fd);
+        return;
+      }
+    }
+    id = next_conn_id_++;
+    conn = new ServerConnection(fd, loop, ctx_.memory, config_->tcp_max_frame, [this, loop, id](ServerConnection* c) {
+      {
+        std::lock_guard lock(conns_mu_);
+        auto it = conns_.find(id);
+        if (it != conns_.end()) {
+          if (it->second.evicting) --pending_evictions_;
+          conns_.erase(it);
+        }
+      }
+      loop->Post([c] { delete c; });  // not from inside its own handler
+    });
+    conns_.emplace(id, ServerConn{conn});
+    peak_conns_ = std::max(peak_conns_, conns_.size());
   }
+  net::SetNoDelay(fd);
   Status st = conn->Register();
   if (!st.ok()) {
     MC_LOG(kWarning) << "cannot register data connection: " << st.ToString();
@@ -151,11 +242,39 @@ void TcpTransport::OnTick(size_t loop_index) {
     }
   }
   for (ClientLane* lane : lanes) lane->CheckTimeout(now);
+  CloseStalledConnections(loops_[loop_index].get(), now);
   if (loop_index != 0) return;
+  if (accept_paused_until_ != std::chrono::steady_clock::time_point{} && now >= accept_paused_until_) {
+    Status st = loops_[0]->Add(listen_fd_, EPOLLIN, acceptor_.get());
+    if (st.ok()) {
+      accept_paused_until_ = {};
+    } else {  // keep trying: a listener left out of the loop would never accept again
+      accept_paused_until_ = now + kAcceptBackoff;
+      if (now - last_accept_log_ >= std::chrono::seconds(1)) {
+        last_accept_log_ = now;
+        MC_LOG(kWarning) << "tcp transport: cannot resume the data listener: " << st.message() << "; retrying";
+      }
+    }
+  }
   SampleRates(now);
   if (MC_LOG_ENABLED(kDebug) && now - last_stats_log_ >= std::chrono::seconds(5)) {
     last_stats_log_ = now;
     MC_LOG(kDebug) << "tcp path counters: " << Stats().dump();
+  }
+}
+
+void TcpTransport::CloseStalledConnections(IoLoop* loop, std::chrono::steady_clock::time_point now) {
+  std::vector<ServerConnection*> stalled;
+  {
+    std::lock_guard lock(conns_mu_);
+    for (auto& [id, c] : conns_) {
+      if (c.conn->loop() == loop && c.conn->Stalled(now, StallLimit())) stalled.push_back(c.conn);
+    }
+  }
+  for (ServerConnection* c : stalled) {  // on c's loop thread: deleted only later, by a posted task
+    stalled_.fetch_add(1, std::memory_order_relaxed);
+    c->Close("stuck in the middle of a frame (no byte moved, or one frame unfinished, for " +
+             std::to_string(StallLimit().count()) + " s: twice MC_TRANSFER_TIMEOUT)");
   }
 }
 
@@ -467,6 +586,13 @@ void TcpTransport::ForgetPeer(const std::string& segment_name) {
 }
 
 size_t TcpTransport::slice_size() const { return config_ ? config_->tcp_slice_size : (1 << 20); }
+
+nlohmann::json TcpTransport::ListenerStats() const {
+  std::lock_guard lock(conns_mu_);
+  return {{"port", data_port_},         {"open", conns_.size()},     {"peak", peak_conns_},
+          {"limit", max_server_conns_}, {"evicted", evicted_.load()}, {"stalled", stalled_.load()},
+          {"refused", refused_.load()}};
+}
 
 nlohmann::json TcpTransport::Stats() const {
   nlohmann::json out = nlohmann::json::object();

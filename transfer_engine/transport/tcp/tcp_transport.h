@@ -9,7 +9,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
 #include <vector>
 
 #include "transfer_engine/core/topology.h"
@@ -32,6 +31,15 @@ namespace mooncake::te::tcp {
 ///   down paths every MC_TCP_PROBE_INTERVAL_MS and puts them back into service. Only with no path left do
 ///   slices fail, with an error naming the peer and every path tried.
 /// - Target side: one listener on all NICs; zero-copy into/out of registered memory (server_connection.h).
+///   Any peer may connect, so connections are bounded: one that stalls in the middle of a frame for twice
+///   MC_TRANSFER_TIMEOUT is closed (it may hold registered memory; its own client gave the slice up after
+///   one MC_TRANSFER_TIMEOUT, and an unregistration stopped waiting for it then), and so is one that spends
+///   that long on one request frame; beyond kMaxServerConnections (or half the descriptor limit), or when
+///   descriptors run out, the quietest connection is closed to let a new one in (an idle pooled client
+///   simply reconnects). Closing happens on the victim's loop, so during a burst of connections each new one
+///   picks another victim, and at most limit/8 + 1 evictions are pending at once: beyond that (or with no
+///   victim left) a new connection is closed at once ("refused"). ListenerStats() counts all three and the
+///   most connections ever open ("peak").
 class TcpTransport : public Transport, private LaneOwner {
  public:
   TcpTransport();
@@ -48,6 +56,7 @@ class TcpTransport : public Transport, private LaneOwner {
   void ForgetPeer(const std::string& segment_name) override;
   size_t slice_size() const override;
   nlohmann::json Stats() const override;
+  nlohmann::json ListenerStats() const override;
 
  private:
   struct Peer;
@@ -70,8 +79,22 @@ class TcpTransport : public Transport, private LaneOwner {
   };
   class Acceptor;
 
+  static constexpr size_t kMaxServerConnections = 4096;
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+
   Peer* GetPeer(const SegmentDescriptor& desc, Status* error);
   void OnAccept(int fd);
+  void OnAcceptFailed(int err);  // loop 0
+  struct ServerConn {
+    ServerConnection* conn;
+    bool evicting = false;  // a close is posted to its loop
+  };
+  /// Picks the server connection that moved no byte for the longest time (not one already being evicted)
+  /// and posts its close to its loop. conns_mu_ held. False when there is none.
+  bool EvictQuietestLocked(const std::string& why);
+  void CloseStalledConnections(IoLoop* loop, std::chrono::steady_clock::time_point now);
+  std::chrono::seconds StallLimit() const { return 2 * config_->transfer_timeout; }
+  static size_t MaxServerConnections();
   void OnTick(size_t loop_index);
   void ProbeLoop();
 
@@ -107,8 +130,17 @@ class TcpTransport : public Transport, private LaneOwner {
   mutable std::mutex peers_mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;  // by peer instance; never erased before Stop()
 
-  std::mutex conns_mu_;
-  std::unordered_set<ServerConnection*> conns_;
+  mutable std::mutex conns_mu_;  // guards conns_, next_conn_id_, pending_evictions_, peak_conns_, last_evict_log_
+  std::map<uint64_t, ServerConn> conns_;  // by serial id: an id is never reused (addresses are)
+  uint64_t next_conn_id_ = 1;
+  size_t pending_evictions_ = 0;
+  size_t peak_conns_ = 0;
+  std::chrono::steady_clock::time_point last_evict_log_{};
+  uint64_t unlogged_evictions_ = 0;
+  size_t max_server_conns_ = kMaxServerConnections;
+  std::atomic<uint64_t> evicted_{0}, stalled_{0}, refused_{0};
+  std::chrono::steady_clock::time_point accept_paused_until_{};  // loop 0 only
+  std::chrono::steady_clock::time_point last_accept_log_{};      // loop 0 only
 
   std::mutex probe_mu_;
   std::condition_variable probe_cv_;
