@@ -162,6 +162,9 @@ class Buffer:
         num_ep_buffer_bytes: accepted for compatibility; the buffer is sized at the first dispatch from the
             actual token capacity, hidden size and expert count.
     Raises RuntimeError when the store cannot be reached before any peer's address was learnt.
+
+    Attributes: group; rank (this rank in the group); group_size (the number of ranks, the name
+    DeepEP's and Mooncake's Buffer use and SGLang reads); num_ep_buffer_bytes as given.
     """
 
     def __init__(self, group, num_ep_buffer_bytes: int = 0, disable_p2p: bool = False):
@@ -193,6 +196,10 @@ class Buffer:
         for r in range(self.world):
             if r not in self._introductions:
                 self._active[r] = 0
+
+    @property
+    def group_size(self) -> int:
+        return self.world
 
     # ------------------------------------------------------------------ sizing and connection
 
@@ -331,14 +338,27 @@ class Buffer:
         return np.ctypeslib.as_array((ctypes.c_int64 * self.world).from_address(self._base + offset))
 
     def _resolve_active(self, active_ranks) -> torch.Tensor:
+        """Folds the caller's mask into the Buffer's: a rank the caller deactivated stays off until
+        update_ep_member(). A mask longer than the group is accepted when its extra slots are 0 (SGLang's
+        elastic-EP mask, sized by --max-ep-size, reserves slots for ranks that have not joined yet)."""
         if active_ranks is None:
             return self._active
         if not isinstance(active_ranks, torch.Tensor) or active_ranks.dtype != torch.int32:
             raise TypeError("active_ranks must be an int32 tensor of shape [num_ranks]")
-        if active_ranks.shape != (self.world,):
+        if active_ranks.dim() != 1 or active_ranks.shape[0] < self.world:
             raise ValueError(f"active_ranks must have shape [{self.world}], got {list(active_ranks.shape)}")
-        self._active &= active_ranks.cpu()  # a rank the caller deactivated stays off until update_ep_member()
+        mask = active_ranks.cpu()
+        if mask[self.world:].any():
+            raise ValueError(f"active_ranks marks slots past this group's {self.world} ranks active "
+                             f"({mask.tolist()}): this Buffer knows only ranks 0..{self.world - 1}; "
+                             f"create a new Buffer for the grown group")
+        self._active &= mask[:self.world]
         return self._active
+
+    def _report_active(self, active_ranks) -> None:
+        """Writes the ranks found inactive back into the caller's mask (its first num_ranks slots)."""
+        if active_ranks is not None and active_ranks is not self._active:
+            active_ranks[:self.world].copy_(self._active)
 
     def _send(self, writes: dict[int, list[tuple[int, int, int]]], deadline: float) -> None:
         """Writes (local offset, remote offset, length) lists to each rank; ranks whose writes fail or do not
@@ -387,6 +407,7 @@ class Buffer:
             x: bf16 [num_tokens, hidden], contiguous, hidden % 128 == 0, num_tokens <= num_max_dispatch_tokens_per_rank.
             topk_idx: int64 [num_tokens, num_topk]; -1 masks a slot.
             active_ranks: int32 [num_ranks] (1 = healthy), updated in place when a rank times out; None: internal.
+                A longer mask is accepted when its slots past num_ranks are 0 (SGLang's --max-ep-size mask).
             num_experts: divisible by the number of ranks.
         Returns:
             recv_x: bf16 [num_local_experts, num_ranks * T, hidden], or (float8_e4m3fn data, fp32 scales
@@ -424,8 +445,7 @@ class Buffer:
                 writes[r] = [(stage, lay.dispatch_region(seq, self.rank), lay.meta + len(all_idx) * lay.row)]
             self._exchange(writes, lay.area(seq, "dispatch_flags"), seq, list(range(self.world)), deadline)
             recv = self._collect(seq, t, hidden, use_fp8)
-        if active_ranks is not None and active_ranks is not self._active:
-            active_ranks.copy_(self._active)
+        self._report_active(active_ranks)
         hook = (lambda: None) if return_recv_hook else None
         return recv[0], recv[1], recv[2] + (t, hidden, num_experts), EventOverlap(), hook
 
@@ -560,8 +580,7 @@ class Buffer:
         else:
             result = self._combine_on_host(x.contiguous(), pairs, topk_idx, topk_weights, ranges, owners, seq,
                                            deadline, out)
-        if active_ranks is not None and active_ranks is not self._active:
-            active_ranks.copy_(self._active)
+        self._report_active(active_ranks)
         hook = (lambda: None) if return_recv_hook else None
         return result, EventOverlap(), hook
 

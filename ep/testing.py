@@ -15,13 +15,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, scenario: str, timeout: float = 180, backend: str = "gloo") -> list[tuple[int, str, str]]:
-    """Starts `world` worker processes (environment inherited, plus the backend) and returns each one's
-    (exit status, stdout, stderr); all are killed if one outlives `timeout` seconds."""
+def run_ranks(world: int, scenario: str, timeout: float = 180, backend: str = "gloo",
+              module: str = "mooncake.ep.testing_worker") -> list[tuple[int, str, str]]:
+    """Starts `world` processes of the worker `module` (argv: rank world port scenario; environment inherited,
+    plus the backend) and returns each one's (exit status, stdout, stderr); all are killed if one outlives
+    `timeout` seconds."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_LOG_LEVEL": "ERROR",
            "MC_EP_TEST_BACKEND": backend}
-    procs = [subprocess.Popen([sys.executable, "-m", "mooncake.ep.testing_worker", str(r), str(world), str(port),
+    procs = [subprocess.Popen([sys.executable, "-m", module, str(r), str(world), str(port),
                                scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(world)]
     reports = []

@@ -79,6 +79,21 @@ def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us, b
                                                timeout_us, use_fp8=use_fp8)
     seconds = {"dispatch": time.monotonic() - t0}
     active.copy_(device_active.cpu())
+    y = check_recv(rank, rnd, world, num_experts, active, recv_x, count, use_fp8)
+    if between is not None:
+        between()
+    device_active = active.to(DEVICE)
+    t0 = time.monotonic()
+    combined, _, _ = buf.combine(y.to(DEVICE), idx.to(DEVICE), w.to(DEVICE), device_active, timeout_us, handle)
+    seconds["combine"] = time.monotonic() - t0
+    active.copy_(device_active.cpu())
+    check_combined(expected_combine(rank, rnd, world, num_experts, active), combined, use_fp8)
+    return seconds
+
+
+def check_recv(rank, rnd, world, num_experts, active, recv_x, count, use_fp8) -> torch.Tensor:
+    """Checks a dispatch's recv_x / recv_count (on any device) against the rows the `active` sources of round
+    `rnd` send to `rank`; returns the experts' outputs for those rows (bf16, CPU), ready for combine."""
     recv_x = tuple(t.cpu() for t in recv_x) if use_fp8 else recv_x.cpu()
     count = count.cpu()
     local = num_experts // world
@@ -93,20 +108,16 @@ def run_round(buf, rank, world, rnd, num_experts, active, use_fp8, timeout_us, b
         assert err <= tol * scale + 1e-6, (le, err, scale)
     y = recv_x if not use_fp8 else torch.stack(
         [layout.dequantize_fp8(recv_x[0][le], recv_x[1][le]) for le in range(local)])
-    y = torch.stack([expert(y[le], le) for le in range(local)])
-    if between is not None:
-        between()
-    device_active = active.to(DEVICE)
-    t0 = time.monotonic()
-    combined, _, _ = buf.combine(y.to(DEVICE), idx.to(DEVICE), w.to(DEVICE), device_active, timeout_us, handle)
-    seconds["combine"] = time.monotonic() - t0
-    active.copy_(device_active.cpu())
+    return torch.stack([expert(y[le], le) for le in range(local)])
+
+
+def check_combined(ref: torch.Tensor, combined: torch.Tensor, use_fp8: bool) -> None:
+    """Checks a combine's output (on any device) against expected_combine's `ref`."""
     combined = combined.cpu()
-    ref = expected_combine(rank, rnd, world, num_experts, active)
+    assert combined.dtype == torch.bfloat16 and combined.shape == ref.shape, (combined.dtype, combined.shape)
     tol = 0.1 if use_fp8 else 0.02
-    err = (combined.float() - ref).abs().max().item()
-    assert err <= tol * max(1.0, ref.abs().max().item()), (rnd, err)
-    return seconds
+    err = (combined.float() - ref).abs().max().item() if ref.numel() else 0.0
+    assert err <= tol * max(1.0, ref.abs().max().item() if ref.numel() else 0.0), err
 
 
 def wait_for_file(path: str, timeout_s: float) -> None:

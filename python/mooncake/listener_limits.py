@@ -2,8 +2,8 @@
 master fast RPC, store disk-replica service).
 
 A listener never allocates memory for bytes a peer only announced: ``read_exactly`` grows its buffer as bytes
-arrive, at most READ_CHUNK ahead of them, and takes the request's size from the listener's ``ByteBudget`` (the
-bytes all its requests being received may hold at once) before reading it. A request that cannot get its bytes
+arrive, at most READ_CHUNK ahead of them, and takes every chunk from the listener's ``ByteBudget`` (the bytes all
+its requests being received may hold at once) before reading it. A request that cannot get its bytes
 from the budget, or does not arrive, before its deadline fails with ``LimitExceeded`` / ``TimeoutError``;
 the caller answers it as refused and closes the connection. ``ConnectionSlots`` caps the connections (and so
 the server threads) a listener keeps open.
@@ -61,31 +61,43 @@ class ByteBudget:
 def read_exactly(read: Callable[[int], bytes], n: int, budget: ByteBudget, deadline: float,
                  set_timeout: Callable[[float], None], prefix: bytes = b"") -> bytearray:
     """Reads a request of exactly `n` bytes, of which `prefix` already arrived, with ``read(k)`` (returns 1..k
-    bytes, b"" at end of stream). The request's whole `n` bytes are taken from `budget` before reading, in one
-    step (requests taking their budget piecemeal could each hold part of it and all wait for the rest); the
-    buffer itself grows as bytes arrive, at most READ_CHUNK ahead of them. ``set_timeout(seconds)`` is called
-    before every read so that a read never waits past `deadline` (time.monotonic()).
+    bytes, b"" at end of stream). Each chunk (at most READ_CHUNK) is taken from `budget` before it is read, so
+    bytes a peer only announced hold nothing. Only a request that holds nothing yet waits for room (until
+    `deadline`); one that already holds part of the budget and finds no room for its next chunk fails at once
+    and gives back what it held, so requests never wait on each other while holding budget (no deadlock).
+    ``set_timeout(seconds)`` is called before every read so that a read never waits past `deadline`
+    (time.monotonic()).
 
     On success the caller owns `n` bytes of `budget` and gives them back once done with the buffer. Raises
     ConnectionError (the peer closed), TimeoutError (deadline) or LimitExceeded (more than the budget holds,
-    or no room in time); then nothing stays taken."""
+    or no room); then nothing stays taken."""
     if n > budget.limit:
         raise LimitExceeded(f"a request of {n} bytes exceeds the listener's {budget.limit} bytes in progress")
-    if not budget.take(n, deadline):
-        raise LimitExceeded(f"the listener's {budget.limit} bytes for requests in progress stayed taken")
+    taken = 0
     try:
-        buf = bytearray(prefix)
+        buf = bytearray()
+        if prefix:
+            if not budget.take(len(prefix), deadline):
+                raise LimitExceeded(f"the listener's {budget.limit} bytes for requests in progress stayed taken")
+            taken = len(prefix)
+            buf += prefix
         while len(buf) < n:
+            k = min(READ_CHUNK, n - len(buf))
+            if not budget.take(k, deadline if not taken else 0.0):
+                raise LimitExceeded(f"the listener's {budget.limit} bytes for requests in progress are taken")
+            taken += k
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{n - len(buf)} of {n} bytes did not arrive in time")
             set_timeout(left)
-            data = read(min(READ_CHUNK, n - len(buf)))
+            data = read(k)
             if not data:
                 raise ConnectionError(f"connection closed {n - len(buf)} bytes before the end of the request")
             buf += data
+            budget.give(k - len(data))
+            taken -= k - len(data)
     except BaseException:
-        budget.give(n)
+        budget.give(taken)
         raise
     return buf
 

@@ -408,10 +408,10 @@ class StoreCore(DiskLinkMixin):
         try:
             return master.call(method, **fields)
         except grpc.RpcError as e:
-            return self.rpc_error_code(method, e)
+            return self._rpc_error_code(method, e)
 
     @staticmethod
-    def rpc_error_code(method: str, e: grpc.RpcError) -> int:
+    def _rpc_error_code(method: str, e: grpc.RpcError) -> int:
         """RPC_FAIL / RPC_TIMEOUT for a failed master RPC, logged."""
         code = _rpc_code(e)
         _log.warning("%s: master RPC failed: %s (%s)", method, code_name(code), e.code())

@@ -171,7 +171,7 @@ class ReservedPuts:
                 self.batch_enabled = False
                 self._give_back(pref, block)
                 return None
-            code = core.rpc_error_code("BatchPutReserved", e)
+            code = core._rpc_error_code("BatchPutReserved", e)
             self._release(block)  # unknown outcome: the block may be gone; never write into it again
             return [code] * len(keys)
         if reply.code != OK or len(reply.codes) != len(keys):

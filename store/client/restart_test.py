@@ -74,6 +74,15 @@ def failed(counts: dict, op: str) -> tuple[int, int]:
     return sum(n for c, n in codes.items() if c != "0"), sum(codes.values())
 
 
+def test_hold_outlasts_what_clients_trust():
+    """A restarted master's hold on re-mounted memory must outlast every promise a client acts on without
+    asking: a cached descriptor (core.TRUST_SEC) and a reserved block (reserved.FRESH_SEC)."""
+    from mooncake.store.client import core, reserved
+    from mooncake.store.master import master_client, segments
+    assert segments.REMOUNT_HOLD_SEC >= max(core.TRUST_SEC, reserved.FRESH_SEC) + 1.0
+    assert master_client.RESTART_WAIT_SEC > segments.REMOUNT_HOLD_SEC
+
+
 def test_puts_survive_master_restarts():
     out = run_soak(restarts=3, seconds=24, seed=20)
     assert out["returncodes"] == [0, 0], out

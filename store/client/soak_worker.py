@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from mooncake.store import MooncakeDistributedStore
+from mooncake.store.client.config import parse_size
 
 
 def value_of(key: str, size: int) -> bytes:
@@ -121,8 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--metadata", default="P2PHANDSHAKE")
     p.add_argument("--segment", default="32MB")
     p.add_argument("--buffer", default="8MB")
-    p.add_argument("--value", type=lambda s: int(s.upper().rstrip("KB")) * 1024 if s.upper().endswith("KB")
-                   else int(s), default=64 * 1024)
+    p.add_argument("--value", type=parse_size, default=64 * 1024)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--prefix", default="soak")
     p.add_argument("--setup_tries", type=int, default=5)

@@ -63,7 +63,7 @@ IDEMPOTENT = frozenset({"GetServiceInfo", "ExistKey", "BatchExistKey", "GetRepli
                         "GetReplicaListByRegex", "QueryTask", "MountSegment", "ReMountSegment", "UnmountSegment"})
 _NEVER_RESENT = frozenset({"Ping"})
 _PUT_STARTS = frozenset({"PutStart", "BatchPutStart", "UpsertStart", "BatchUpsertStart"})
-RESTART_WAIT_SEC = 10.0  # after a master restart, a put start without space waits (segments are remounting)
+RESTART_WAIT_SEC = 6.0  # after a master restart, a put start without space waits (segments.REMOUNT_HOLD_SEC)
 _BACKOFF_SEC = (0.02, 0.5)  # first and longest pause between attempts
 _MIN_ATTEMPT_SEC = 0.01
 _NO_SPACE = -200  # ErrorCode.NO_AVAILABLE_HANDLE
