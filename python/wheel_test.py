@@ -49,7 +49,7 @@ def test_wheel_contents():
     assert any(n.startswith("mooncake/_native.") and n.endswith(".so") for n in names)
     assert "mooncake/tools/cli.py" in names
     assert "mooncake/store/master/cli.py" in names
-    assert "mooncake/ep/buffer.py" in names
+    assert "mooncake/ep/buffer.py" in names and "mooncake/mooncake_ep_buffer.py" in names
     assert "mooncake/pg/__init__.py" in names and "mooncake/async_store.py" in names
     assert "mooncake/store/client/store.py" in names
     assert "mooncake/store/proto/mooncake_master_pb2_grpc.py" in names
