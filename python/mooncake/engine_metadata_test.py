@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -364,3 +366,96 @@ def test_redis_without_scripting_keeps_and_releases_keys():
         finally:
             peer.close()
         assert not redis.keys()
+
+
+# A same-named engine for the restart test: its buffer is engine-allocated (memfd-backed: same-host peers map
+# it) or anonymous memory at a given address (0: anywhere), registered. Prints its segment, buffer and pid,
+# then the sha256 of the first 4096 bytes for each line it reads.
+_RESTARTED_CHILD = textwrap.dedent("""
+    import ctypes, hashlib, json, mmap, os, sys
+    from mooncake.engine import TransferEngine
+    name, metadata, size, kind, at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    e = TransferEngine()
+    assert e.initialize(name, metadata, "tcp", "") == 0
+    if kind == "managed":
+        addr = e.allocate_managed_buffer(size)
+    else:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        MAP_FIXED_NOREPLACE = 0x100000
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (MAP_FIXED_NOREPLACE if at else 0)
+        addr = libc.mmap(at or None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+        if addr in (None, ctypes.c_void_p(-1).value) or (at and addr != at):
+            print(json.dumps({"error": "address taken"}), flush=True)
+            sys.exit(0)
+        assert e.register_memory(addr, size) == 0
+    print(json.dumps({"segment": e.get_local_segment_name(), "addr": addr, "pid": os.getpid()}), flush=True)
+    for _ in sys.stdin:
+        print(hashlib.sha256(bytes((ctypes.c_uint8 * 4096).from_address(addr))).hexdigest(), flush=True)
+""")
+
+
+class _Restarted:
+    def __init__(self, name, metadata, size, kind, at=0):
+        self.proc = subprocess.Popen([sys.executable, "-c", _RESTARTED_CHILD, name, metadata, str(size), kind,
+                                      str(at)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        self.info = json.loads(self.proc.stdout.readline() or '{"error": "exited"}')
+
+    def sha(self):
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("kind,force_tcp", [("managed", False), ("anonymous", False), ("managed", True)],
+                         ids=["memfd-mapping", "cross-memory-attach", "tcp"])
+def test_a_replaced_peer_gets_the_data_never_its_dead_predecessor(kind, force_tcp):
+    """A writer cached the descriptor (and, same-host, the mapping) of engine P; P is SIGKILLed (its HTTP
+    metadata stays) and P' starts under the same name with a buffer at the same address. A write while only
+    the dead P is published fails; once P' is published, a write reaches P'. Never a success into the dead
+    process's memory."""
+    http = _Http()
+    name, size = "127.0.0.1:32171", 1 << 20
+    saved = os.environ.get("MC_FORCE_TCP")
+    os.environ["MC_FORCE_TCP"] = "1" if force_tcp else "0"
+    writer = TransferEngine()
+    try:
+        assert writer.initialize("127.0.0.1:32172", url(http), "tcp", "") == 0
+    finally:
+        os.environ.pop("MC_FORCE_TCP") if saved is None else os.environ.update(MC_FORCE_TCP=saved)
+    buf = np.zeros(4096, dtype=np.uint8)
+    assert writer.register_memory(buf.ctypes.data, buf.nbytes) == 0
+    old = _Restarted(name, url(http), size, kind)
+    new = None
+    try:
+        addr = old.info["addr"]
+        buf[:] = pattern(4096, 1)
+        assert writer.transfer_sync_write(name, buf.ctypes.data, addr, 4096) == 0
+        assert old.sha() == hashlib.sha256(buf).hexdigest()
+        old.kill()
+        assert http.get(f"mooncake/ram/{name}") is not None  # the dead engine is still published
+        buf[:] = pattern(4096, 2)
+        t0 = time.monotonic()
+        assert writer.transfer_sync_write(name, buf.ctypes.data, addr, 4096) != 0  # nobody alive to take it
+        assert time.monotonic() - t0 < 10
+        new = _Restarted(name, url(http), size, "anonymous", at=addr)
+        if "error" in new.info:
+            pytest.skip(f"address {addr:#x} is taken in the restarted process")
+        assert new.info["pid"] != old.info["pid"]
+        buf[:] = pattern(4096, 3)
+        assert writer.transfer_sync_write(name, buf.ctypes.data, addr, 4096) == 0
+        assert new.sha() == hashlib.sha256(buf).hexdigest()
+    finally:
+        old.kill()
+        if new:
+            new.kill()
+        writer.close()
+        http.close()

@@ -14,6 +14,7 @@
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
+#include "transfer_engine/common/process_watch.h"
 #include "transfer_engine/common/work_queue.h"
 #include "transfer_engine/core/batch.h"
 #include "transfer_engine/core/managed_memory.h"
@@ -48,6 +49,7 @@ class TransferEngine::Impl {
   std::string advertised_ip_;
   std::string host_id_ = LocalHostId();
   std::string instance_;  // random per engine: tells a restarted peer from the old one
+  const uint64_t pid_start_ = ProcessStartTime(getpid());  // published as "pid_start", with "pid"
   MemoryRegistry memory_;
   std::unique_ptr<MetadataBackend> metadata_;
   std::vector<std::unique_ptr<Transport>> transports_;
@@ -60,7 +62,13 @@ class TransferEngine::Impl {
   mutable std::mutex seg_mu_;
   std::vector<std::string> handle_names_;  // handle h -> name (h >= 1)
   std::unordered_map<std::string, SegmentHandle> handles_;
-  std::unordered_map<std::string, std::shared_ptr<const SegmentDescriptor>> cache_;
+  // A cached descriptor of a segment in another process of this host comes with a watch on that process:
+  // once it has exited, the entry (and the transports' state for the name) is dropped and fetched afresh.
+  struct CachedSegment {
+    std::shared_ptr<const SegmentDescriptor> desc;
+    std::shared_ptr<const ProcessWatch> owner;  // null: another host, or this process
+  };
+  std::unordered_map<std::string, CachedSegment> cache_;
 
   // Batches.
   mutable std::mutex batch_mu_;
@@ -75,7 +83,13 @@ class TransferEngine::Impl {
 
   std::string BuildLocalDescriptor() const;
   Status PublishLocal();
+  /// The descriptor of segment `name`, from the cache unless `refresh` (or MC_DISABLE_METACACHE). A segment
+  /// published by a process of this host that has exited (a SIGKILLed engine's metadata outlives it) is never
+  /// returned: the cached one is dropped and fetched again, and a fetched one fails with kPeerUnreachable
+  /// until the name's new owner publishes itself.
   StatusOr<std::shared_ptr<const SegmentDescriptor>> Descriptor(const std::string& name, bool refresh);
+  /// Drops the cached descriptor of `name` and the transports' connections and mappings for it.
+  void Forget(const std::string& name);
   StatusOr<std::string> SegmentNameOf(SegmentHandle h) const;
   Transport* SelectTransport(const SegmentDescriptor& desc) const;
   StatusOr<std::shared_ptr<Batch>> FindBatch(BatchId id) const;
@@ -240,6 +254,7 @@ std::string TransferEngine::Impl::BuildLocalDescriptor() const {
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count());
   d.json["pid"] = getpid();
+  d.json["pid_start"] = pid_start_;
   d.json["host_id"] = host_id_;
   d.json["instance"] = instance_;
   d.json["epoch"] = memory_.epoch();
@@ -258,9 +273,15 @@ Status TransferEngine::Impl::PublishLocal() {
 StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descriptor(const std::string& name,
                                                                                   bool refresh) {
   if (!refresh && !config_.disable_metacache) {
-    std::lock_guard lock(seg_mu_);
+    std::unique_lock lock(seg_mu_);
     auto it = cache_.find(name);
-    if (it != cache_.end()) return it->second;
+    if (it != cache_.end()) {
+      if (!it->second.owner || !it->second.owner->Exited()) return it->second.desc;  // Exited(): one poll()
+      int pid = it->second.owner->pid();
+      lock.unlock();
+      MC_LOG(kInfo) << "segment '" << name << "': its process " << pid << " has exited; fetching it again";
+      Forget(name);
+    }
   }
   StatusOr<std::string> text = name == segment_name_ ? StatusOr<std::string>(BuildLocalDescriptor())
                                                      : metadata_->FetchSegment(name);
@@ -272,10 +293,32 @@ StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descrip
   }
   auto desc = SegmentDescriptor::Parse(*text);
   if (!desc.ok()) return Status(desc.status().code(), "segment '" + name + "': " + desc.status().message());
-  auto shared = std::make_shared<const SegmentDescriptor>(std::move(desc.value()));
+  CachedSegment entry;
+  const nlohmann::json& j = desc->json;
+  int pid = j.contains("pid") && j["pid"].is_number_integer() ? j["pid"].get<int>() : 0;
+  if (!host_id_.empty() && j.value("host_id", "") == host_id_ && pid > 0 && pid != getpid()) {
+    uint64_t start = j.contains("pid_start") && j["pid_start"].is_number_unsigned() ? j["pid_start"].get<uint64_t>() : 0;
+    auto owner = ProcessWatch::Open(pid, start);
+    if (!owner.ok()) {
+      Forget(name);
+      return Status(ErrorCode::kPeerUnreachable,
+                    "segment '" + name + "' was published by a process of this host that is gone (" +
+                        owner.status().message() + "); its new owner has not published it yet");
+    }
+    entry.owner = std::move(owner.value());
+  }
+  entry.desc = std::make_shared<const SegmentDescriptor>(std::move(desc.value()));
   std::lock_guard lock(seg_mu_);
-  cache_[name] = shared;
-  return shared;
+  cache_[name] = entry;
+  return entry.desc;
+}
+
+void TransferEngine::Impl::Forget(const std::string& name) {
+  {
+    std::lock_guard lock(seg_mu_);
+    cache_.erase(name);
+  }
+  for (auto& t : transports_) t->ForgetPeer(name);
 }
 
 StatusOr<std::string> TransferEngine::Impl::SegmentNameOf(SegmentHandle h) const {
@@ -526,13 +569,7 @@ StatusOr<std::vector<BufferInfo>> TransferEngine::GetSegmentBuffers(const std::s
   return out;
 }
 
-void TransferEngine::InvalidateSegment(const std::string& name) {
-  {
-    std::lock_guard lock(impl_->seg_mu_);
-    impl_->cache_.erase(name);
-  }
-  for (auto& t : impl_->transports_) t->ForgetPeer(name);
-}
+void TransferEngine::InvalidateSegment(const std::string& name) { impl_->Forget(name); }
 
 StatusOr<BatchId> TransferEngine::AllocateBatch(size_t capacity) {
   if (capacity == 0) return InvalidArgument("batch capacity must be positive");

@@ -46,7 +46,7 @@ StatusOr<SegmentDescriptor> SegmentDescriptor::Parse(std::string_view text) {
   for (const char* key : {"instance", "host_id", "tcp_data_ip"}) {
     if (j.contains(key) && !j[key].is_string()) return bad(std::string(key) + " is not a string");
   }
-  for (const char* key : {"pid", "epoch", "epoch_fd", "tcp_data_port"}) {
+  for (const char* key : {"pid", "pid_start", "epoch", "epoch_fd", "tcp_data_port"}) {
     if (j.contains(key) && !j[key].is_number()) return bad(std::string(key) + " is not a number");
   }
   d.json = std::move(j);

@@ -67,6 +67,15 @@ Status Attach(int pid, OpCode op, char* local, uint64_t remote, size_t len) {
   return Status::Ok();
 }
 
+// Copies the slice's bytes at `remote`, a pointer valid in this process.
+ParallelCopier::PartFn MemcpyParts(Slice* s, char* remote) {
+  return [s, remote](size_t offset, size_t len) {
+    if (s->opcode == OpCode::kWrite) memcpy(remote + offset, s->local + offset, len);
+    else memcpy(s->local + offset, remote + offset, len);
+    return Status::Ok();
+  };
+}
+
 }  // namespace
 
 ShmTransport::ShmTransport() = default;
@@ -111,16 +120,22 @@ ShmTransport::Peer& ShmTransport::PeerFor(const SegmentDescriptor& desc) const {
   p.name = desc.name;
   p.pid = desc.json.value("pid", 0);
   if (p.pid == pid_) return p;  // this process: plain memcpy
-  // Probe once whether the kernel lets us at the peer's memory (ptrace access mode): read one byte.
   if (p.pid <= 0) {
     p.usable = false;
     p.why = "the descriptor has no pid";
-  } else if (!desc.buffers.empty()) {
-    char byte;
-    iovec l{&byte, 1}, r{reinterpret_cast<void*>(desc.buffers[0].addr), 1};
-    if (process_vm_readv(p.pid, &l, 1, &r, 1, 0) != 1) {
-      p.usable = false;
-      p.why = std::string("cross-memory attach refused: ") + strerror(errno);
+  } else if (auto process = ProcessWatch::Open(p.pid, desc.json.value("pid_start", uint64_t{0})); !process.ok()) {
+    p.usable = false;
+    p.why = process.status().message();
+  } else {
+    p.process = std::move(process.value());
+    // Probe once whether the kernel lets us at the peer's memory (ptrace access mode): read one byte.
+    if (!desc.buffers.empty()) {
+      char byte;
+      iovec l{&byte, 1}, r{reinterpret_cast<void*>(desc.buffers[0].addr), 1};
+      if (process_vm_readv(p.pid, &l, 1, &r, 1, 0) != 1) {
+        p.usable = false;
+        p.why = std::string("cross-memory attach refused: ") + strerror(errno);
+      }
     }
   }
   if (!p.usable) {
@@ -218,15 +233,21 @@ Status ShmTransport::CopyInParts(const SegmentDescriptor& desc, Slice* s, uint64
   return out.status;
 }
 
+Status ShmTransport::CheckAlive(const SegmentDescriptor& desc) {
+  std::lock_guard lock(mu_);
+  Peer& p = PeerFor(desc);
+  if (!p.process || !p.process->Exited()) return Status::Ok();
+  if (p.usable) {
+    p.usable = false;
+    p.why = "its process " + std::to_string(p.pid) + " has exited";
+  }
+  p.mappings.clear();  // the dead peer's memory: freed once the last copy lets go
+  p.epoch.reset();
+  return Status(ErrorCode::kPeerUnreachable, "segment '" + desc.name + "' is gone (" + p.why +
+                                                 "): refresh its descriptor, its name may have a new owner");
+}
+
 Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
-  // The slice's bytes at `remote`, a pointer valid in this process.
-  auto with_memcpy = [s](char* remote) -> ParallelCopier::PartFn {
-    return [s, remote](size_t offset, size_t len) {
-      if (s->opcode == OpCode::kWrite) memcpy(remote + offset, s->local + offset, len);
-      else memcpy(s->local + offset, remote + offset, len);
-      return Status::Ok();
-    };
-  };
   if (desc.json.value("instance", "") == ctx_.instance) {
     // This engine's own segment: its registry is the authority, and the pin blocks unregistering meanwhile.
     RegionPin pin = ctx_.memory->Find(s->remote, s->length, /*remote=*/true);
@@ -234,8 +255,15 @@ Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
       return Status(ErrorCode::kRemoteRejected,
                     "range " + Range(s->remote, s->length) + " is not registered for remote access");
     }
-    return CopyInParts(desc, s, nullptr, with_memcpy(reinterpret_cast<char*>(s->remote)));
+    return CopyInParts(desc, s, nullptr, MemcpyParts(s, reinterpret_cast<char*>(s->remote)));
   }
+  // Checked after the copy too: a peer that exited meanwhile may not have received it.
+  MC_RETURN_IF_ERROR(CheckAlive(desc));
+  Status st = CopyToPeer(desc, s);
+  return st.ok() ? CheckAlive(desc) : st;
+}
+
+Status ShmTransport::CopyToPeer(const SegmentDescriptor& desc, Slice* s) {
   MC_RETURN_IF_ERROR(CheckEpoch(desc));
   const BufferDescriptor* buf = desc.FindBuffer(s->remote, s->length);
   if (!buf) {
@@ -244,14 +272,14 @@ Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
   }
   int pid = desc.json.value("pid", 0);
   if (pid == pid_) {  // another engine in this process: same address space
-    return CopyInParts(desc, s, nullptr, with_memcpy(reinterpret_cast<char*>(s->remote)));
+    return CopyInParts(desc, s, nullptr, MemcpyParts(s, reinterpret_cast<char*>(s->remote)));
   }
   if (buf->shm_fd >= 0) {
     auto m = MapBuffer(desc, *buf);
     if (m.ok()) {
       // `m` keeps the mapping alive until every part is done.
       return CopyInParts(desc, s, &Peer::mapped_copies,
-                         with_memcpy((*m)->base + buf->shm_offset + (s->remote - buf->addr)));
+                         MemcpyParts(s, (*m)->base + buf->shm_offset + (s->remote - buf->addr)));
     }
     MC_LOG(kDebug) << "mapping a buffer of '" << desc.name << "' failed (" << m.status().message()
                    << "); using cross-memory attach";

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "transfer_engine/common/process_watch.h"
 #include "transfer_engine/common/work_queue.h"
 #include "transfer_engine/transport/shm/parallel_copy.h"
 #include "transfer_engine/transport/transport.h"
@@ -23,8 +24,11 @@ namespace mooncake::te::shm {
 /// Trust: the kernel lets only processes with ptrace rights over the target (same user) map or attach its
 /// memory. Before each copy the initiator checks the range against the buffers the target published and that
 /// the target's registration epoch (a page it shares read-only) still equals the descriptor's, so memory the
-/// target unregistered is never touched (short of an unregistration racing the copy itself). Within one
-/// process the registry is checked and pinned directly.
+/// target unregistered is never touched (short of an unregistration racing the copy itself). Peer state is
+/// kept per instance (the descriptor's random id) with a watch on the peer's process (pidfd): before and after
+/// each copy the initiator checks that the process still runs, so a copy into the memory of a peer that has
+/// exited (mapped here, or a reused pid) never reports success; the peer's mappings are then dropped and the
+/// copy fails with kPeerUnreachable. Within one process the registry is checked and pinned directly.
 ///
 /// Threading: SubmitAndDrive copies on the caller's thread; Submit hands the work to MC_SHM_THREADS workers.
 /// Either way a large slice is cut into parts copied by that thread together with MC_SHM_COPY_THREADS - 1
@@ -56,6 +60,7 @@ class ShmTransport : public Transport {
     std::string why;  // when not usable
     std::map<int, std::shared_ptr<Mapping>> mappings;  // by the peer's memfd number
     std::shared_ptr<Mapping> epoch;                    // the peer's registration epoch page
+    std::unique_ptr<ProcessWatch> process;             // null for this process
     uint64_t bytes = 0, slices = 0, errors = 0, mapped_copies = 0, attach_copies = 0;
     uint64_t parts = 0, helper_parts = 0;  // slices' copy parts, and how many of them helper threads copied
   };
@@ -63,6 +68,10 @@ class ShmTransport : public Transport {
   Peer& PeerFor(const SegmentDescriptor& desc) const;  // mu_ held
   void Copy(const SegmentDescriptor& desc, const std::vector<Slice*>& slices);
   Status CopySlice(const SegmentDescriptor& desc, Slice* s);
+  /// CopySlice for a peer in another engine (the checks of its registrations and the copy itself).
+  Status CopyToPeer(const SegmentDescriptor& desc, Slice* s);
+  /// kPeerUnreachable once the peer's process has exited (its mappings dropped then).
+  Status CheckAlive(const SegmentDescriptor& desc);
   /// Runs the slice's copy through `part` on copier_ and counts it for the peer (in `kind` when not null).
   Status CopyInParts(const SegmentDescriptor& desc, Slice* s, uint64_t Peer::*kind, const ParallelCopier::PartFn& part);
   /// kStaleMetadata when the peer unregistered memory after `desc` was fetched (its epoch page moved on).
