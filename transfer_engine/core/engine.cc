@@ -254,7 +254,9 @@ std::string TransferEngine::Impl::BuildLocalDescriptor() const {
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count());
   d.json["pid"] = getpid();
-  d.json["pid_start"] = pid_start_;
+  // Named segments (HTTP / etcd / Redis metadata) can be taken over by a later process under the same name:
+  // peers watch the publishing process (see Descriptor). P2P names embed this process's own bound RPC port.
+  if (!metadata_->names_are_rpc_addresses()) d.json["pid_start"] = pid_start_;
   d.json["host_id"] = host_id_;
   d.json["instance"] = instance_;
   d.json["epoch"] = memory_.epoch();
@@ -296,7 +298,8 @@ StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descrip
   CachedSegment entry;
   const nlohmann::json& j = desc->json;
   int pid = j.contains("pid") && j["pid"].is_number_integer() ? j["pid"].get<int>() : 0;
-  if (!host_id_.empty() && j.value("host_id", "") == host_id_ && pid > 0 && pid != getpid()) {
+  if (!host_id_.empty() && j.value("host_id", "") == host_id_ && pid > 0 && pid != getpid() &&
+      j.contains("pid_start")) {
     uint64_t start = j.contains("pid_start") && j["pid_start"].is_number_unsigned() ? j["pid_start"].get<uint64_t>() : 0;
     auto owner = ProcessWatch::Open(pid, start);
     if (!owner.ok()) {

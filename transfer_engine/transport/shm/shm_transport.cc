@@ -113,6 +113,18 @@ void ShmTransport::Stop() {
   peers_.clear();
 }
 
+namespace {
+
+// The owner of a segment whose name may be taken over by a later process (its descriptor says when it started,
+// "pid_start": named segments of HTTP / etcd / Redis metadata) is watched; null for P2P names, which embed
+// the owner's own bound RPC port.
+StatusOr<std::unique_ptr<ProcessWatch>> WatchOwner(const SegmentDescriptor& desc) {
+  if (!desc.json.contains("pid_start")) return std::unique_ptr<ProcessWatch>();
+  return ProcessWatch::Open(desc.json.value("pid", 0), desc.json.value("pid_start", uint64_t{0}));
+}
+
+}  // namespace
+
 ShmTransport::Peer& ShmTransport::PeerFor(const SegmentDescriptor& desc) const {
   auto [it, inserted] = peers_.try_emplace(PeerKey(desc));
   Peer& p = it->second;
@@ -123,7 +135,7 @@ ShmTransport::Peer& ShmTransport::PeerFor(const SegmentDescriptor& desc) const {
   if (p.pid <= 0) {
     p.usable = false;
     p.why = "the descriptor has no pid";
-  } else if (auto process = ProcessWatch::Open(p.pid, desc.json.value("pid_start", uint64_t{0})); !process.ok()) {
+  } else if (auto process = WatchOwner(desc); !process.ok()) {
     p.usable = false;
     p.why = process.status().message();
   } else {
