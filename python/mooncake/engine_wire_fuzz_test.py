@@ -279,7 +279,10 @@ def test_every_listener_survives_seeded_garbage_and_connection_floods(p2p_target
                                                                             + b"m" * 60000 + b'"}')]
                 held = _open_slow(rpc_port, rng.randint(280, 320), rng, starts)
             else:  # more than the data port keeps open, idle or stuck mid-frame (some inside a WRITE payload)
-                starts = [b"", request(READ, 1, peer.buffer, 4096), request(WRITE, 1, peer.buffer, 8192) + b"w" * 64]
+                # (their WRITEs aim at the buffer's second half: the server may still be storing their first
+                # bytes when the legitimate write below lands in the first 64 KiB)
+                spare = peer.buffer + (1 << 19)
+                starts = [b"", request(READ, 1, spare, 4096), request(WRITE, 1, spare, 8192) + b"w" * 64]
                 held = _open_slow(data_port, rng.randint(560, 640), rng, starts)
             legit_peer_transfers(peer, batch + 1)  # while the slow connections are still open
         finally:

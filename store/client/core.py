@@ -34,7 +34,7 @@ Replica identity rule: a replica is in this process's segment when its ``segment
 old name shares the name with the dead predecessor's segment. Local replicas are copied with memmove, and
 only within the segment this client mapped (``_copy``); a replica under this name but of another instance is
 never touched (the Transfer Engine would resolve the name to this process). Data-path calls run between
-``_enter`` and ``_leave`` (``_while_open``): close waits for them before the engine unmaps their memory.
+``_enter`` and ``_leave`` (``guard.while_open``): close waits for them before the engine unmaps their memory.
 
 SSD tier (``enable_ssd_offload``): the objects in this client's segment, whoever wrote them, are persisted
 by this client (owner-driven, as in Mooncake): the master hands it offload tasks with its pings (as many as
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import functools
 import logging
 import os
 import socket
@@ -64,7 +63,9 @@ import grpc
 
 from mooncake.store.client.config import ReplicateConfig, SetupConfig
 from mooncake.store.client.disk_link import DiskLinkMixin, DiskReporter
-from mooncake.store.client.memory import BYTES_DATA, RegisteredRanges, StagingPool, clip, gather, scatter
+from mooncake.store.client.guard import NOT_READY, all_failed, while_open
+from mooncake.store.client.memory import BYTES_DATA, RegisteredRanges, StagingPool, gather, scatter
+from mooncake.store.client.reads import ReadPathMixin
 from mooncake.store.client.reserved import ReservedPuts
 from mooncake.store.client.validate import key_error
 from mooncake.store.master.errors import ErrorCode, code_name
@@ -74,7 +75,6 @@ from mooncake.store.proto import mooncake_master_pb2 as pb
 _log = logging.getLogger("mooncake.store.client")
 
 OK = 0
-NOT_READY = int(ErrorCode.INTERNAL_ERROR)  # what calls before setup / after close return
 ZERO_COPY_MIN = 2 << 20  # registering costs ~100 µs per buffer here: below this a staging copy is cheaper
 CACHE_MARGIN = 0.25
 CACHE_MAX_ENTRIES = 1 << 16
@@ -110,33 +110,7 @@ class _Entry:
         self.view = view
 
 
-def _while_open(closed):
-    """Decorator of StoreCore data-path methods: the call runs between _enter and _leave, so close waits for
-    it before the engine unmaps the memory it may touch; once close began it returns closed(*args) at once."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run(self, *args, **kwargs):
-            if not self._enter():
-                return closed(*args, **kwargs)
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                self._leave()
-        return run
-    return wrap
-
-
-def _all_failed(keys, *_, **__) -> list:
-    return [NOT_READY] * len(keys)
-
-
-def _none(*_, **__):
-    return None
-
-
-
-
-class StoreCore(DiskLinkMixin):
+class StoreCore(ReadPathMixin, DiskLinkMixin):
     def __init__(self) -> None:
         self._cfg: SetupConfig | None = None
         self._engine = None
@@ -358,7 +332,7 @@ class StoreCore(DiskLinkMixin):
         return True
 
     def _enter(self) -> bool:
-        """A data-path call begins (see _while_open); False once close began. Registering before looking at
+        """A data-path call begins (see guard.while_open); False once close began. Registering before looking at
         _closing (close sets it before it waits for _in_flight to empty) leaves no gap between the two."""
         self._in_flight.append(None)
         if self._closing:
@@ -562,7 +536,7 @@ class StoreCore(DiskLinkMixin):
                 done.append(a)
         return regions, lambda: [engine.unregister_memory(d) for d in done]
 
-    @_while_open(_all_failed)
+    @while_open(all_failed)
     def put_many(self, keys: list[str], sources: list, registered: bool, config: ReplicateConfig | None,
                  upsert: bool = False, promote: bool = False) -> list[int]:
         """Writes object keys[i] = concatenation of sources[i] (list of (addr, len)). Per-key 0 / negative.
@@ -646,152 +620,6 @@ class StoreCore(DiskLinkMixin):
         if bad:
             self._rpc(prefix + "Revoke", keys=bad)
         return results
-
-    @_while_open(_all_failed)
-    def read_many(self, keys: list[str], entries: list, dests: list, registered: bool) -> list[int]:
-        """Reads entries[i] (from _lookup) into dests[i] (list of (addr, len), total >= size). Per key the
-        bytes read or a negative code. Tries this process's replica first, then the others in order."""
-        results = [0] * len(keys)
-        pending = []  # (index, replica order, pinned regions)
-        releases = []
-        on_disk = []  # indices of objects that only have a disk replica
-        try:
-            for i, e in enumerate(entries):
-                if isinstance(e, int):
-                    results[i] = e
-                    continue
-                if sum(n for _, n in dests[i]) < e.size:
-                    _log.error("get %r: buffer too small (%d bytes) for %d bytes", keys[i],
-                               sum(n for _, n in dests[i]), e.size)
-                    results[i] = int(ErrorCode.INVALID_PARAMS)
-                    continue
-                reps = sorted(e.replicas, key=lambda r: not self._is_mine(r))
-                if not reps:
-                    if e.disk:
-                        on_disk.append(i)
-                    else:
-                        results[i] = int(ErrorCode.REPLICA_IS_NOT_READY)
-                    continue
-                needs_te = not all(self._is_mine(r) for r in reps)
-                pinned = self._pin(clip(dests[i], e.size), registered, needs_te, write_out=True)
-                if pinned is None:
-                    results[i] = int(ErrorCode.TRANSFER_FAIL)
-                    continue
-                releases.append(pinned[1])
-                pending.append((i, reps, pinned[0]))
-            attempt = 0
-            while pending:
-                ops = []
-                for i, reps, regions in pending:
-                    rep, off = reps[min(attempt, len(reps) - 1)], 0
-                    for a, n in regions:
-                        ops.append((rep, a, rep.address + off, n, i))
-                        off += n
-                failed = self._transfer(ops, write=False)
-                attempt += 1
-                retry = [p for p in pending if p[0] in failed and attempt < len(p[1])]
-                for i, _, _ in pending:
-                    if i in failed:
-                        results[i] = int(ErrorCode.TRANSFER_FAIL)
-                    else:
-                        results[i] = entries[i].size
-                pending = retry
-        finally:
-            for release in releases:
-                release()
-        now = time.monotonic()
-        for i, e in enumerate(entries):
-            if results[i] >= 0 and not isinstance(e, int) and e.replicas and not self._usable(e, now):
-                _log.warning("get %r: read lease expired before the transfer finished", keys[i])
-                results[i] = int(ErrorCode.LEASE_EXPIRED)
-        for i in on_disk:  # no lease needed: the owner holds the bytes until we release them
-            results[i] = self._read_disk_replica(keys[i], entries[i], clip(dests[i], entries[i].size), registered)
-        return results
-
-    @_while_open(_none)
-    def fast_read(self, key: str, dests_for, registered: bool) -> int | None:
-        """One key whose cached descriptors are live, read from one replica (own segment first), without the
-        general path's bookkeeping. Bytes read, a negative code from dests_for, or None: use get_many."""
-        master = self._master
-        e = self._cache.get(key)
-        if e is None or not e.replicas or master is None or master.view_version != self._view or \
-                not self._usable(e, time.monotonic()):
-            return None
-        dests = dests_for(0, e.size)
-        if isinstance(dests, int):
-            return dests
-        if sum(n for _, n in dests) < e.size:
-            return None
-        rep = next((r for r in e.replicas if self._is_mine(r)), None)
-        pinned = self._pin(clip(dests, e.size), registered, rep is None, write_out=True)
-        if pinned is None:
-            return None
-        rep = rep or e.replicas[0]
-        if not self._move_contiguous(rep, rep.address, *pinned, write=False) or \
-                not self._usable(e, time.monotonic()):
-            return None
-        return e.size
-
-    def fast_get_into(self, key, addr, size) -> int | None:
-        """get_into's hot path: live cached descriptors, registered destination, one replica read (own
-        segment: memcpy). Bytes read, or None: take the general path (which validates and logs). Gated like
-        _while_open, inline (this path costs about a microsecond)."""
-        e = self._cache.get(key)
-        master = self._master
-        if e is None or not e.replicas or master is None or master.view_version != self._view or e.size > size or \
-                not isinstance(addr, int) or not self._ranges.contains(addr, e.size) or \
-                not self._usable(e, time.monotonic()) or not self._enter():
-            return None
-        try:
-            for rep in e.replicas:
-                if self._is_mine(rep):
-                    if not self._copy(rep.address, addr, e.size, write=False):
-                        return None
-                    break
-            else:
-                rep = e.replicas[0]
-                engine = self._engine
-                if rep.segment_name == self._segment_name or engine is None or \
-                        engine.batch_transfer_sync_read(rep.segment_name, [addr], [rep.address], [e.size]) != 0:
-                    return None  # (a replica under this name is another instance's: the general path says so)
-        finally:
-            self._leave()
-        return e.size if self._usable(e, time.monotonic()) else None
-
-    @_while_open(_all_failed)
-    def get_many(self, keys: list[str], dests_for, registered: bool) -> list:
-        """Looks keys up and reads them into dests_for(i, size) (a list of regions, or an int code to skip
-        the key). Retries once with a fresh lookup for keys whose cached descriptors failed."""
-        entries = self._lookup(keys)
-        results = self._read_dests(keys, entries, dests_for, registered)
-        # A failed read through a cached (or just superseded) descriptor: look up afresh, once. So is a read
-        # whose lease ran out before its transfer ended (e.g. one that had to open the first connection to the
-        # holder): the retry holds a fresh lease. A disk replica that its owner no longer has reads as
-        # OBJECT_NOT_FOUND and is retried too; one whose owner could not be asked (RPC_FAIL / RPC_TIMEOUT) is
-        # not (the lookup would name the same owner).
-        stale = [i for i, r in enumerate(results)
-                 if r in (ErrorCode.TRANSFER_FAIL, ErrorCode.LEASE_EXPIRED)
-                 or (r == _NOT_FOUND and not isinstance(entries[i], int))]
-        if stale:
-            self._cache_drop(keys[i] for i in stale)
-            again = self._lookup([keys[i] for i in stale])
-            redo = self._read_dests([keys[i] for i in stale], again, lambda j, s: dests_for(stale[j], s),
-                                    registered)
-            for i, r in zip(stale, redo):
-                results[i] = r
-        return results
-
-    def _read_dests(self, keys, entries, dests_for, registered) -> list[int]:
-        dests, results = [], [0] * len(keys)
-        for i, e in enumerate(entries):
-            d = [] if isinstance(e, int) else dests_for(i, e.size)
-            if isinstance(d, int):
-                results[i] = d
-                entries[i] = d
-                d = []
-            dests.append(d)
-        got = self.read_many(keys, entries, dests, registered)
-        return [r if results[i] == 0 else results[i] for i, r in enumerate(got)]
 
 
 def _noop() -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from mooncake.store.client.guard import NOT_READY
 from mooncake.store.client.memory import BYTES_DATA, scatter
 from mooncake.store.master.errors import ErrorCode, code_name
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger("mooncake.store.client")
 
 OK = int(ErrorCode.OK)
-NOT_READY = int(ErrorCode.INTERNAL_ERROR)  # as core.NOT_READY: the client is closing
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 _CLIENT_NOT_FOUND = int(ErrorCode.CLIENT_NOT_FOUND)
 _REPORT_CHUNK = 4096  # disk objects per NotifyOffloadSuccess

@@ -24,6 +24,7 @@ import time
 
 import grpc
 
+from mooncake.store.client.guard import NOT_READY
 from mooncake.store.client.memory import gather
 from mooncake.store.master.errors import ErrorCode
 
@@ -32,7 +33,6 @@ _log = logging.getLogger("mooncake.store.client")
 OK = int(ErrorCode.OK)
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 _TRANSFER_FAIL = int(ErrorCode.TRANSFER_FAIL)
-_NOT_READY = int(ErrorCode.INTERNAL_ERROR)  # as core.NOT_READY: the store was closed
 MiB = 1 << 20
 FRESH_SEC = 1.0
 BLOCK_OBJECTS = 32
@@ -161,7 +161,7 @@ class ReservedPuts:
         sent = time.monotonic()
         master = core._master
         if master is None:  # closed meanwhile
-            return [_NOT_READY] * len(keys)
+            return [NOT_READY] * len(keys)
         try:
             reply = master.call("BatchPutReserved", reservation_id=block.rid, keys=keys, sizes=sizes,
                                 address=start, config=proto)

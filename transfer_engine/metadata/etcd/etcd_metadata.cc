@@ -16,7 +16,7 @@
 
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/core/metadata.h"
-#include "transfer_engine/metadata/common/owned_keys.h"
+#include "transfer_engine/metadata/common/leased_store.h"
 #include "transfer_engine/metadata/common/periodic.h"
 #include "transfer_engine/metadata/http/http_client.h"
 
@@ -57,7 +57,7 @@ std::string Base64Decode(const std::string& in) {
   return out;
 }
 
-class EtcdKeyValueStore : public KeyValueStore {
+class EtcdKeyValueStore : public LeasedKeyValueStore {
  public:
   EtcdKeyValueStore(std::vector<std::string> endpoints, std::chrono::seconds ttl)
       : endpoints_(std::move(endpoints)), ttl_(ttl) {}
@@ -87,40 +87,6 @@ class EtcdKeyValueStore : public KeyValueStore {
     return Base64Decode((*kvs)[0].value("value", ""));
   }
 
-  Status Put(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    MC_RETURN_IF_ERROR(PutLocked(key, value));
-    owned_.Set(key, value);
-    return Status::Ok();
-  }
-
-  StatusOr<bool> Create(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    auto created = CreateLocked(key, value);
-    if (created.ok() && *created) owned_.Set(key, value);
-    return created;
-  }
-
-  StatusOr<bool> Adopt(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    auto adopted = PutIfValueLocked(key, value, key, value);
-    if (adopted.ok() && *adopted) owned_.Set(key, value);
-    return adopted;
-  }
-
-  StatusOr<bool> PutGuarded(const std::string& key, const std::string& value, const std::string& guard,
-                            const std::string& guard_value) override {
-    std::lock_guard lock(mu_);
-    auto put = PutIfValueLocked(key, value, guard, guard_value);
-    if (put.ok() && *put) owned_.Set(key, value, guard);
-    return put;
-  }
-
-  bool Owns(const std::string& key) override {
-    std::lock_guard lock(mu_);
-    return owned_.Contains(key);
-  }
-
   Status DeleteIfValue(const std::string& key, const std::string& value) override {
     {
       std::lock_guard lock(mu_);
@@ -145,7 +111,7 @@ class EtcdKeyValueStore : public KeyValueStore {
   }
 
   // A transaction: put (on our lease) only if the key has never been created (or was deleted since).
-  StatusOr<bool> CreateLocked(const std::string& key, const std::string& value) {
+  StatusOr<bool> CreateLocked(const std::string& key, const std::string& value) override {
     nlohmann::json txn = {
         {"compare", {{{"key", Base64Encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"},
                       {"create_revision", "0"}}}},
@@ -158,7 +124,7 @@ class EtcdKeyValueStore : public KeyValueStore {
 
   // A transaction: put `key` (on our lease) only while `guard` holds `guard_value`.
   StatusOr<bool> PutIfValueLocked(const std::string& key, const std::string& value, const std::string& guard,
-                                  const std::string& guard_value) {
+                                  const std::string& guard_value) override {
     nlohmann::json txn = {
         {"compare", {{{"key", Base64Encode(guard)}, {"target", "VALUE"}, {"result", "EQUAL"},
                       {"value", Base64Encode(guard_value)}}}},
@@ -169,7 +135,7 @@ class EtcdKeyValueStore : public KeyValueStore {
     return r->value("succeeded", false);
   }
 
-  Status PutLocked(const std::string& key, const std::string& value) {
+  Status PutLocked(const std::string& key, const std::string& value) override {
     auto r = Post("/v3/kv/put",
                   nlohmann::json{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}, {"lease", lease_}});
     return r.ok() ? Status::Ok() : r.status();
@@ -244,9 +210,7 @@ class EtcdKeyValueStore : public KeyValueStore {
   std::chrono::seconds ttl_;
   HttpClient http_;
   std::atomic<size_t> good_{0};  // the endpoint that answered last (any thread)
-  std::mutex mu_;  // guards lease_, owned_, republish_pending_
-  std::string lease_;
-  OwnedKeys owned_;
+  std::string lease_;  // lease_ and republish_pending_: guarded by mu_ (the base's)
   bool republish_pending_ = false;  // a new lease was granted; not every key is back on it yet
   std::unique_ptr<Periodic> keepalive_;
 };

@@ -17,7 +17,7 @@
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
 #include "transfer_engine/core/metadata.h"
-#include "transfer_engine/metadata/common/owned_keys.h"
+#include "transfer_engine/metadata/common/leased_store.h"
 #include "transfer_engine/metadata/common/periodic.h"
 
 namespace mooncake::te {
@@ -28,7 +28,7 @@ struct ReplyDeleter {
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
-class RedisKeyValueStore : public KeyValueStore {
+class RedisKeyValueStore : public LeasedKeyValueStore {
  public:
   RedisKeyValueStore(net::HostPort addr, std::chrono::seconds ttl) : addr_(std::move(addr)), ttl_(ttl) {}
 
@@ -55,40 +55,6 @@ class RedisKeyValueStore : public KeyValueStore {
     if ((*r)->type == REDIS_REPLY_NIL) return NotFound("no key '" + key + "' in redis");
     if ((*r)->type != REDIS_REPLY_STRING) return Status(ErrorCode::kMetadata, "redis GET: unexpected reply");
     return std::string((*r)->str, (*r)->len);
-  }
-
-  Status Put(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    MC_RETURN_IF_ERROR(SetLocked(key, value, /*only_if_absent=*/false).status());
-    owned_.Set(key, value);
-    return Status::Ok();
-  }
-
-  StatusOr<bool> Create(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    auto created = SetLocked(key, value, /*only_if_absent=*/true);
-    if (created.ok() && *created) owned_.Set(key, value);
-    return created;
-  }
-
-  StatusOr<bool> Adopt(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    auto adopted = SetIfValueLocked(key, value, key, value);
-    if (adopted.ok() && *adopted) owned_.Set(key, value);
-    return adopted;
-  }
-
-  StatusOr<bool> PutGuarded(const std::string& key, const std::string& value, const std::string& guard,
-                            const std::string& guard_value) override {
-    std::lock_guard lock(mu_);
-    auto put = SetIfValueLocked(key, value, guard, guard_value);
-    if (put.ok() && *put) owned_.Set(key, value, guard);
-    return put;
-  }
-
-  bool Owns(const std::string& key) override {
-    std::lock_guard lock(mu_);
-    return owned_.Contains(key);
   }
 
   Status DeleteIfValue(const std::string& key, const std::string& value) override {
@@ -220,8 +186,8 @@ class RedisKeyValueStore : public KeyValueStore {
   }
 
   // SET `key` with our TTL only while `guard` holds `guard_value`. Whether it was written.
-  StatusOr<bool> SetIfValueLocked(const std::string& key, const std::string& value, const std::string& guard,
-                                  const std::string& guard_value) {
+  StatusOr<bool> PutIfValueLocked(const std::string& key, const std::string& value, const std::string& guard,
+                                  const std::string& guard_value) override {
     static const char kScript[] =
         "if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3]) "
         "return 1 end return 0";
@@ -237,6 +203,14 @@ class RedisKeyValueStore : public KeyValueStore {
   }
 
   // SET with our TTL (NX: only when absent). Whether it was written.
+  Status PutLocked(const std::string& key, const std::string& value) override {
+    return SetLocked(key, value, /*only_if_absent=*/false).status();
+  }
+
+  StatusOr<bool> CreateLocked(const std::string& key, const std::string& value) override {
+    return SetLocked(key, value, /*only_if_absent=*/true);
+  }
+
   StatusOr<bool> SetLocked(const std::string& key, const std::string& value, bool only_if_absent) {
     std::vector<std::string> args = {"SET", key, value, "EX", std::to_string(ttl_.count())};
     if (only_if_absent) args.push_back("NX");
@@ -273,7 +247,7 @@ class RedisKeyValueStore : public KeyValueStore {
         if (guard.empty()) {
           written = SetLocked(key, value, /*only_if_absent=*/true);
         } else if (const std::string* gv = owned_.GuardValue(key)) {
-          written = SetIfValueLocked(key, value, guard, *gv);
+          written = PutIfValueLocked(key, value, guard, *gv);
         }
       }
       Status st = !r.ok() ? r.status() : written.status();
@@ -291,9 +265,7 @@ class RedisKeyValueStore : public KeyValueStore {
 
   net::HostPort addr_;
   std::chrono::seconds ttl_;
-  std::mutex mu_;  // guards ctx_, owned_, scripting_
-  redisContext* ctx_ = nullptr;
-  OwnedKeys owned_;
+  redisContext* ctx_ = nullptr;  // ctx_ and scripting_: guarded by mu_ (the base's)
   bool scripting_ = true;  // false once the server refused EVAL
   std::unique_ptr<Periodic> refresher_;
 };
