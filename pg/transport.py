@@ -74,7 +74,9 @@ class _Process:
                 from mooncake.engine import TransferEngine
 
                 engine = TransferEngine()
-                if engine.initialize(cls.host_ip, "P2PHANDSHAKE", "tcp", "") != 0:
+                # MC_PG_PROTOCOL: the preferred protocol; by default none (every usable transport, best per peer).
+                protocol = os.environ.get("MC_PG_PROTOCOL", "")
+                if engine.initialize(cls.host_ip, "P2PHANDSHAKE", protocol, "") != 0:
                     raise RuntimeError(f"mooncake pg: transfer engine failed to start on {cls.host_ip}")
                 cls._start(engine)
             return cls

@@ -1,22 +1,25 @@
 """The device operations of mooncake.ep's GPU path, behind one small interface with two implementations:
 
-- `CudaDevice`: the CUDA kernels and runtime calls of libmooncake_ep_cuda.so (ep_kernels.cu), through ctypes.
-- `HostEmulatedDevice` (ep/cuda/emulation.py): the same operations on host memory, a stand-in for machines
-  without a GPU so the GPU path's orchestration is tested everywhere. It is an emulation, not a GPU.
+- `CudaDevice`: memory, IPC and copies through the platform layer's cuda platform (mooncake._native.platform,
+  transfer_engine/platform/cuda: the driver API, loaded at run time); the kernels (ep_kernels.cu), device
+  synchronize and host registration through libmooncake_ep_cuda.so (ctypes).
+- `HostEmulatedDevice` (ep/cuda/emulation.py): the same operations on the platform layer's host emulation, a
+  stand-in for machines without a GPU so the GPU path's orchestration is tested everywhere. It is an
+  emulation, not a GPU.
 
 Interface (all pointers are integer addresses; index arrays are int64 tensors on `torch_device`):
     torch_device                     where recv_x, handles and index arrays live
     stream()                         the stream to run on (the current torch stream)
     malloc(size) -> ptr; free(ptr)   zeroed memory shareable with peer processes on this host
-    ipc_handle(ptr) -> bytes         64 bytes that `ipc_open` in another process maps to the same memory
+    ipc_handle(ptr) -> bytes         opaque bytes that `ipc_open` in another process maps to the same memory
     ipc_open(handle) -> ptr; ipc_close(ptr)
-    copy(dst, src, n, kind)          kind: H2D, D2H or D2D, ordered on stream()
+    copy(dst, src, n, kind)          kind: H2D, D2H or D2D, ordered on stream(); not waited for
     synchronize()                    waits for everything issued on the device (every stream)
     host_register(ptr, n) / host_unregister(ptr)
     pack_rows / unpack_rows / combine_tokens: see ep_kernels.cu
     as_tensor(ptr, size) -> a uint8 tensor on torch_device viewing the memory
 
-Errors: `DeviceError` names the failed call and the runtime's reason.
+Errors: `DeviceError` names the failed call and the runtime's or platform's reason.
 """
 
 from __future__ import annotations
@@ -26,16 +29,18 @@ import os
 
 import torch
 
+from .memory import DeviceError, PlatformMemory, native_platform
+
 H2D, D2H, D2D = 1, 2, 3
 LIBRARY = "libmooncake_ep_cuda.so"
+CU_STREAM_LEGACY = 1  # the driver API's name for the legacy default stream (torch's default stream, handle 0)
 
-
-class DeviceError(RuntimeError):
-    pass
+__all__ = ["CudaDevice", "CudaUnavailable", "DeviceError", "H2D", "D2H", "D2D", "unavailable_reason"]
 
 
 class CudaUnavailable(DeviceError):
-    """No usable CUDA device: the library was not built (no toolkit), or no driver or GPU at run time."""
+    """No usable CUDA device: the kernels were not built (no toolkit), the cuda platform is missing or unusable
+    (no driver or GPU at run time), or torch has no CUDA."""
 
 
 _LIB: ctypes.CDLL | None = None
@@ -55,15 +60,7 @@ def _library() -> ctypes.CDLL:
         "mc_ep_pack_rows": [vp, vp, vp, i64, c_int, vp, c_int, vp],
         "mc_ep_unpack_rows": [vp, vp, vp, i64, c_int, vp, vp, c_int, vp],
         "mc_ep_combine_tokens": [vp, vp, vp, i64, c_int, c_int, vp, vp],
-        "mc_ep_device_count": [ctypes.POINTER(c_int)],
         "mc_ep_set_device": [c_int],
-        "mc_ep_malloc": [ctypes.POINTER(vp), ctypes.c_size_t],
-        "mc_ep_free": [vp],
-        "mc_ep_ipc_handle": [vp, ctypes.c_char_p],
-        "mc_ep_ipc_open": [ctypes.c_char_p, ctypes.POINTER(vp)],
-        "mc_ep_ipc_close": [vp],
-        "mc_ep_memcpy_async": [vp, vp, ctypes.c_size_t, c_int, vp],
-        "mc_ep_stream_sync": [vp],
         "mc_ep_device_sync": [],
         "mc_ep_host_register": [vp, ctypes.c_size_t],
         "mc_ep_host_unregister": [vp],
@@ -76,18 +73,29 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+def cuda_platform():
+    """The cuda platform of mooncake._native.platform; CudaUnavailable saying why there is none."""
+    try:
+        return native_platform("cuda")
+    except ImportError as e:
+        raise CudaUnavailable(f"the Transfer Engine extension mooncake._native does not import ({e}); install a "
+                              "mooncake wheel, or build it for this Python with ci/build_native.sh") from e
+    except KeyError as e:
+        raise CudaUnavailable("this installation has no cuda platform plugin (libmc_platform_cuda.so in "
+                              "mooncake/_plugins/ or an MC_PLUGIN_DIR folder): the non-CUDA wheel, or a source "
+                              "tree without the plugin") from e
+
+
 def unavailable_reason() -> str | None:
     """None when CUDA kernels can run here; otherwise why not (used to skip GPU checks with a clear reason)."""
     try:
-        lib = _library()
+        _library()
+        platform = cuda_platform()
     except (CudaUnavailable, OSError) as e:
         return str(e)
-    count = ctypes.c_int(0)
-    err = lib.mc_ep_device_count(ctypes.byref(count))
-    if err:
-        return f"no CUDA device: cudaGetDeviceCount failed with {lib.mc_ep_error_string(err).decode()} ({err})"
-    if count.value == 0:
-        return "no CUDA device: cudaGetDeviceCount found 0 devices"
+    probe = platform.probe()
+    if not probe["usable"]:
+        return f"no CUDA device: the cuda platform says: {probe['reason']}"
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} has no CUDA support (CPU wheel)"
     return None
@@ -107,6 +115,7 @@ class CudaDevice:
         self.torch_device = torch_device
         self.index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
         self._lib = _library()
+        self._memory = PlatformMemory(cuda_platform(), self.index)
 
     def _check(self, err: int, what: str) -> None:
         if err:
@@ -119,34 +128,34 @@ class CudaDevice:
         return torch.cuda.current_stream(self.torch_device).cuda_stream
 
     def malloc(self, size: int) -> int:
-        self._enter()
-        ptr = ctypes.c_void_p()
-        self._check(self._lib.mc_ep_malloc(ctypes.byref(ptr), size), f"cudaMalloc({size})")
-        return ptr.value
+        """Zeroed before it returns: no later copy on any stream (or from a peer) can be overtaken by the zeroing."""
+        ptr = self._memory.malloc(size)
+        try:
+            self.as_tensor(ptr, size).zero_()
+            self.synchronize()
+        except Exception:
+            self._memory.free(ptr)
+            raise
+        return ptr
 
     def free(self, ptr: int) -> None:
-        self._enter()
-        self._check(self._lib.mc_ep_free(ptr), "cudaFree")
+        self._memory.free(ptr)
 
     def ipc_handle(self, ptr: int) -> bytes:
-        self._enter()
-        out = ctypes.create_string_buffer(64)
-        self._check(self._lib.mc_ep_ipc_handle(ptr, out), "cudaIpcGetMemHandle")
-        return out.raw
+        return self._memory.ipc_handle(ptr)
 
     def ipc_open(self, handle: bytes) -> int:
-        self._enter()
-        ptr = ctypes.c_void_p()
-        self._check(self._lib.mc_ep_ipc_open(handle, ctypes.byref(ptr)), "cudaIpcOpenMemHandle")
-        return ptr.value
+        return self._memory.ipc_open(handle)
 
     def ipc_close(self, ptr: int) -> None:
-        self._enter()
-        self._check(self._lib.mc_ep_ipc_close(ptr), "cudaIpcCloseMemHandle")
+        self._memory.ipc_close(ptr)
 
     def copy(self, dst: int, src: int, n: int, kind: int) -> None:
-        self._enter()
-        self._check(self._lib.mc_ep_memcpy_async(dst, src, n, kind, self.stream()), "cudaMemcpyAsync")
+        """Enqueued on the current torch stream (the legacy default stream when that is torch's default one);
+        the platform infers the direction from the addresses, `kind` states it for the reader."""
+        if kind not in (H2D, D2H, D2D):
+            raise ValueError(f"kind must be H2D, D2H or D2D, got {kind!r}")
+        self._memory.copy(dst, src, n, self.stream() or CU_STREAM_LEGACY, False)
 
     def synchronize(self) -> None:
         """Waits for the whole device, not only the current stream: a caller may run consecutive calls on

@@ -22,12 +22,29 @@ def test_cuda_library_loads_or_explains_why_not():
         assert "was not built" in reason
         return
     lib = ctypes.CDLL(lib_path)
-    for name in ("mc_ep_pack_rows", "mc_ep_unpack_rows", "mc_ep_combine_tokens", "mc_ep_ipc_open"):
+    for name in ("mc_ep_pack_rows", "mc_ep_unpack_rows", "mc_ep_combine_tokens", "mc_ep_device_sync",
+                 "mc_ep_host_register"):
         assert hasattr(lib, name), name
-    if reason is not None:  # e.g. no driver here: the reason names the CUDA error
-        assert reason.startswith("no CUDA device") or "torch" in reason, reason
+    for name in ("mc_ep_malloc", "mc_ep_ipc_open", "mc_ep_memcpy_async"):  # the platform layer's job now
+        assert not hasattr(lib, name), name
+    if reason is not None:
         with pytest.raises(devmod.CudaUnavailable, match="CUDA tensors given"):
             devmod.CudaDevice(torch.device("cuda:0"))
+
+
+def test_the_reason_is_the_cuda_platforms_probe():
+    """Under Bazel the cuda platform plugin is in MC_PLUGIN_DIR; without a driver (here) the reason is its probe's."""
+    from mooncake._native import platform
+    try:
+        probe = platform.get("cuda").probe()
+    except KeyError:
+        assert "no cuda platform plugin" in devmod.unavailable_reason()
+        return
+    reason = devmod.unavailable_reason()
+    if not probe["usable"] and os.path.exists(os.path.join(os.path.dirname(devmod.__file__), devmod.LIBRARY)):
+        assert reason == f"no CUDA device: the cuda platform says: {probe['reason']}"
+    elif probe["usable"] and not torch.cuda.is_available():
+        assert "has no CUDA support" in reason, reason
 
 
 def _routing(seed=0, tokens=12, slots=3):

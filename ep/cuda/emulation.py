@@ -4,81 +4,64 @@ It exists so the GPU path's orchestration (layouts, offsets, which bytes go wher
 failures) runs in tests on machines without a GPU. It is not a GPU and is never chosen for real tensors:
 a Buffer uses it only when MC_EP_EMULATE_GPU=1 is set (tests do that).
 
-"Device memory" is a memfd mapping; its "IPC handle" names (pid, fd), and a peer on this host maps it through
-/proc/<pid>/fd/<fd> (needs the same rights as reading that process's fds: same user, or root). The kernels are
-the same operations written with torch on CPU; copies are memmoves; there is no asynchrony.
+Memory, IPC and copies are the platform layer's host emulation (`host_emulation` of mooncake._native.platform,
+transfer_engine/platform/host_emulation): "device" memory is a memfd mapping classified as cuda:0, its IPC
+handle is mapped by a peer on this host through pidfd_getfd or /proc/<pid>/fd (same user, or root), and copies
+run on the platform's worker; each copy is waited for (the emulation has no streams, so nothing is left in
+flight). Creating a HostEmulatedDevice enables that platform in this process (as MC_PLATFORM_EMULATION=1
+would). The kernels are the same operations written with torch on CPU. Test hook: MC_EP_EMULATE_IPC_OPEN_FAILS=1
+makes ipc_open fail (as cudaIpcOpenMemHandle may).
 """
 
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
-import struct
 
 import torch
 
 from .. import layout
+from .memory import PlatformMemory, native_platform
 
-_HANDLE = struct.Struct("<8sii")
-_MAGIC = b"MCEPEMU1"
+
+def _host_emulation():
+    """The host_emulation platform of this process, enabled (by MC_PLATFORM_EMULATION=1, else here)."""
+    p = native_platform("host_emulation")
+    if not p.probe()["usable"]:
+        from mooncake._native import platform
+        platform.enable_host_emulation()
+        p = platform.get("host_emulation")
+    return p
 
 
 class HostEmulatedDevice:
     torch_device = torch.device("cpu")
 
     def __init__(self):
-        self._maps: dict[int, tuple[mmap.mmap, int | None]] = {}  # address -> (mapping, owned memfd)
-
-    @staticmethod
-    def _address(m: mmap.mmap) -> int:
-        return ctypes.addressof(ctypes.c_char.from_buffer(m))
+        self._memory = PlatformMemory(_host_emulation(), 0)
 
     def stream(self) -> int:
         return 0
 
     def malloc(self, size: int) -> int:
-        fd = os.memfd_create("mooncake-ep-emulated-gpu")
-        os.ftruncate(fd, size)
-        m = mmap.mmap(fd, size)
-        addr = self._address(m)
-        self._maps[addr] = (m, fd)
-        return addr
+        return self._memory.malloc(size)
 
     def free(self, ptr: int) -> None:
-        self._unmap(ptr)
-
-    def _unmap(self, ptr: int) -> None:
-        m, fd = self._maps.pop(ptr)
-        try:
-            m.close()
-        except BufferError:
-            pass  # a tensor still views it; the mapping goes with the last view
-        if fd is not None:
-            os.close(fd)
+        self._memory.free(ptr)
 
     def ipc_handle(self, ptr: int) -> bytes:
-        _, fd = self._maps[ptr]
-        return _HANDLE.pack(_MAGIC, os.getpid(), fd).ljust(64, b"\0")
+        return self._memory.ipc_handle(ptr)
 
     def ipc_open(self, handle: bytes) -> int:
         if os.environ.get("MC_EP_EMULATE_IPC_OPEN_FAILS") == "1":  # tests: as cudaIpcOpenMemHandle may
             raise OSError("emulated IPC open failure")
-        magic, pid, fd = _HANDLE.unpack_from(handle)
-        if magic != _MAGIC:
-            raise ValueError("not an emulated-device IPC handle")
-        with open(f"/proc/{pid}/fd/{fd}", "r+b") as f:
-            m = mmap.mmap(f.fileno(), 0)
-        addr = self._address(m)
-        self._maps[addr] = (m, None)
-        return addr
+        return self._memory.ipc_open(handle)
 
     def ipc_close(self, ptr: int) -> None:
-        self._unmap(ptr)
+        self._memory.ipc_close(ptr)
 
     def copy(self, dst: int, src: int, n: int, kind: int) -> None:
-        if n:
-            ctypes.memmove(dst, src, n)
+        self._memory.copy(dst, src, n, 0, True)
 
     def synchronize(self) -> None:
         return None

@@ -1,4 +1,4 @@
-// CUDA kernels and runtime helpers of mooncake.ep's GPU path, exported as a C ABI for ctypes
+// CUDA kernels and the few runtime helpers of mooncake.ep's GPU path, exported as a C ABI for ctypes
 // (ep/cuda/device.py). No torch or Python dependency: callers pass raw device pointers and the stream to run on.
 //
 // Row formats (identical to the CPU path in ep/buffer.py, so both paths exchange the same bytes):
@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 
 #define MC_EP_API extern "C" __attribute__((visibility("default")))
 
@@ -140,50 +139,13 @@ MC_EP_API int mc_ep_combine_tokens(const void* base, const int64_t* slot_offsets
 }
 
 // ---- runtime ---------------------------------------------------------------------------------------------------
-
-// Number of visible devices in *count; fails (e.g. cudaErrorInsufficientDriver, cudaErrorNoDevice) without one.
-MC_EP_API int mc_ep_device_count(int* count) { return cudaGetDeviceCount(count); }
+// Device memory, IPC and copies are not here: the GPU path gets them from the platform layer's cuda platform
+// (ep/cuda/device.py). What remains is what the platform has no call for.
 
 MC_EP_API const char* mc_ep_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
 
 // This library links its own CUDA runtime, whose current device is per thread: callers set it before each use.
 MC_EP_API int mc_ep_set_device(int device) { return cudaSetDevice(device); }
-
-// Zeroed device memory that other processes on this host can map (cudaIpcGetMemHandle needs a cudaMalloc base).
-// Returns after the zeroing finished: no later copy on any stream (or from a peer) can be overtaken by it.
-MC_EP_API int mc_ep_malloc(void** ptr, size_t size) {
-  cudaError_t err = cudaMalloc(ptr, size);
-  if (err == cudaSuccess) err = cudaMemset(*ptr, 0, size);
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
-  return err;
-}
-
-MC_EP_API int mc_ep_free(void* ptr) { return cudaFree(ptr); }
-
-// The 64-byte IPC handle of a mc_ep_malloc allocation, written to handle[0..63].
-MC_EP_API int mc_ep_ipc_handle(void* ptr, unsigned char* handle) {
-  cudaIpcMemHandle_t h;
-  cudaError_t err = cudaIpcGetMemHandle(&h, ptr);
-  if (err == cudaSuccess) std::memcpy(handle, &h, sizeof(h));
-  return err;
-}
-
-// Maps another process's allocation; fails for a handle of this process (use the pointer itself then).
-MC_EP_API int mc_ep_ipc_open(const unsigned char* handle, void** ptr) {
-  cudaIpcMemHandle_t h;
-  std::memcpy(&h, handle, sizeof(h));
-  return cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
-}
-
-MC_EP_API int mc_ep_ipc_close(void* ptr) { return cudaIpcCloseMemHandle(ptr); }
-
-// kind: 1 host->device, 2 device->host, 3 device->device (cudaMemcpyKind values).
-MC_EP_API int mc_ep_memcpy_async(void* dst, const void* src, size_t n, int kind, void* stream) {
-  if (n == 0) return cudaSuccess;
-  return cudaMemcpyAsync(dst, src, n, static_cast<cudaMemcpyKind>(kind), static_cast<cudaStream_t>(stream));
-}
-
-MC_EP_API int mc_ep_stream_sync(void* stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
 
 // Waits for all work on the current device, on every stream (callers may switch streams between calls).
 MC_EP_API int mc_ep_device_sync() { return cudaDeviceSynchronize(); }

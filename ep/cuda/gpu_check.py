@@ -1,19 +1,29 @@
 """The GPU check of mooncake.ep's CUDA path, for a machine with a GPU: builds, checks against the CPU path, times.
 
-Run from the repository root: `python3 ep/cuda/gpu_check.py [--out DIR]` (no Bazel needed; under Bazel,
-`bazel run //ep/cuda:gpu_check`). Steps:
-  1. build: libmooncake_ep_cuda.so next to ep/cuda/device.py with nvcc, unless it is there already;
+It needs the Transfer Engine extension for the GPU machine's Python, since device memory, CUDA IPC and copies
+go through the platform layer's cuda platform (mooncake._native.platform): build both HERE, where Bazel is, and
+carry them there (no Bazel needed there):
+  ci/build_native.sh /path/to/python3.12    # writes python/mooncake/_native.cpython-312-*.so (git-ignored)
+  bazel build //transfer_engine/platform/cuda:libmc_platform_cuda.so
+then carry python/mooncake/_native.cpython-312-x86_64-linux-gnu.so and
+bazel-bin/transfer_engine/platform/cuda/libmc_platform_cuda.so (and ep/cuda/libmooncake_ep_cuda.so, when built
+here) and run from the repository root: `python3 ep/cuda/gpu_check.py [--out DIR]` (under Bazel,
+`bazel run //ep/cuda:gpu_check`, which has both in its runfiles). The cuda platform plugin is looked for in
+MC_PLUGIN_DIR, python/mooncake/_plugins/ (the wheel's layout), bazel-bin/transfer_engine/platform/cuda/ and the
+runfiles' transfer_engine/platform/cuda/; MC_PLUGIN_DIR is set for the checks (and their child processes) to
+the folder found. Steps:
+  1. build: libmooncake_ep_cuda.so next to ep/cuda/device.py with nvcc, unless it is there already; the
+     extension must import and the plugin be found (else exit status 1, saying which is missing);
   2. kernels: pack (bf16 and fp8 quantization), unpack and combine on the GPU equal the host emulation, which
      computes the CPU path's formats (fp8 data and scales bit for bit; combine to bf16 rounding);
-  3. CUDA IPC: a second process allocates device memory and hands over its IPC handle; this process maps it,
+  3. copies: CudaDevice.copy through the cuda platform runs on torch's current stream (the default stream and a
+     side stream), after the work queued there before it (a sleep kernel and a fill), without waiting;
+  4. CUDA IPC: a second process allocates device memory and hands over its IPC handle; this process maps it,
      copies into it device-to-device and the owner verifies the bytes;
-  4. timing, DeepEP's low-latency shape (128 tokens, hidden 7168, top-8): each kernel's time and bandwidth
+  5. timing, DeepEP's low-latency shape (128 tokens, hidden 7168, top-8): each kernel's time and bandwidth
      against a device-to-device copy of the same bytes measured in the same run (the ratio is printed);
-  5. end to end: 2 processes on this GPU run Buffer.dispatch/combine with CUDA tensors against the CPU
-     reference, when the Transfer Engine extension (mooncake.engine) imports in this Python; otherwise the
-     step says why it was skipped. To have it, build the extension for the GPU machine's Python beforehand
-     (`ci/build_native.sh /path/to/python3.12`, which writes python/mooncake/_native.cpython-312-*.so) and
-     carry that file there.
+  6. end to end: 2 processes on this GPU run Buffer.dispatch/combine with CUDA tensors against the CPU
+     reference (needs mooncake.pg and pytest in this Python; otherwise the step says why it was skipped).
 Prints one line per check and a JSON summary (also written to DIR/gpu_check.json); exit status 0 when every
 check that ran passed, 1 otherwise, 2 when there is no usable GPU (with the reason).
 """
@@ -52,13 +62,38 @@ def _nvcc() -> str:
 
 def build() -> str:
     lib, src = os.path.join(HERE, devmod.LIBRARY), os.path.join(HERE, "ep_kernels.cu")
-    if os.path.exists(lib) and os.path.getmtime(lib) >= os.path.getmtime(src):
-        return f"using {lib} (newer than its source)"
+    if os.path.exists(lib) and (not os.path.exists(src) or os.path.getmtime(lib) >= os.path.getmtime(src)):
+        return f"using {lib} (newer than its source, or built by Bazel)"
     cmd = [_nvcc(), "-shared", "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *ARCH,
            os.path.join(HERE, "ep_kernels.cu"), "-o", lib]
     t0 = time.monotonic()
     subprocess.run(cmd, check=True)
     return f"built {lib} in {time.monotonic() - t0:.1f} s"
+
+
+PLUGIN = "libmc_platform_cuda.so"
+
+
+def find_cuda_plugin() -> str:
+    """Makes the cuda platform plugin findable by mooncake._native (MC_PLUGIN_DIR, set before the extension's
+    first platform call) and says where it is; OSError naming what is missing."""
+    try:
+        from mooncake._native import platform  # noqa: F401  (python/mooncake/_native/ alone is only its sources)
+    except ImportError as e:
+        raise OSError(f"the Transfer Engine extension does not import in Python {sys.version.split()[0]} ({e}): "
+                      f"build it with ci/build_native.sh (see this file's docstring) and carry it here") from e
+    given = [d for d in os.environ.get("MC_PLUGIN_DIR", "").split(":") if d]
+    candidates = given + [os.path.join(ROOT, "python", "mooncake", "_plugins"),
+                          os.path.join(ROOT, "bazel-bin", "transfer_engine", "platform", "cuda"),
+                          os.path.join(ROOT, "transfer_engine", "platform", "cuda")]
+    for folder in candidates:
+        path = os.path.join(folder, PLUGIN)
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
+            if folder not in given:
+                os.environ["MC_PLUGIN_DIR"] = ":".join(given + [folder])
+            return f"cuda platform plugin {path}"
+    raise OSError(f"no {PLUGIN} in {', '.join(candidates)}: build it with `bazel build "
+                  f"//transfer_engine/platform/cuda:{PLUGIN}` and carry bazel-bin/transfer_engine/platform/cuda/{PLUGIN}")
 
 
 def check_kernels(gpu) -> dict:
@@ -103,6 +138,31 @@ def check_kernels(gpu) -> dict:
             diff = (gc.float() - ec.float()).abs().max().item()
             results["combine_max_abs_diff"] = diff
             results["combine"] = diff <= 0.01 * max(1.0, ec.float().abs().max().item())
+    return results
+
+
+def check_copies(gpu) -> dict:
+    """CudaDevice.copy is ordered on torch's current stream: queued behind a sleep kernel and a fill there, a
+    device-to-device and a device-to-host copy see the filled bytes; on another stream they would not."""
+    n = 64 << 20
+    sleep = getattr(torch.cuda, "_sleep", None)  # torch's busy-wait kernel, in cycles
+    results = {}
+    for name, stream in (("default_stream", torch.cuda.default_stream()), ("side_stream", torch.cuda.Stream())):
+        src = torch.zeros(n, dtype=torch.uint8, device="cuda")
+        dst = torch.zeros_like(src)
+        host = torch.zeros(n, dtype=torch.uint8).pin_memory()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            if sleep is not None:
+                sleep(100_000_000)  # about 50 ms of GPU time before the fill
+            src.fill_(7)
+            t0 = time.monotonic()
+            gpu.copy(dst.data_ptr(), src.data_ptr(), n, devmod.D2D)
+            gpu.copy(host.data_ptr(), dst.data_ptr(), n, devmod.D2H)
+            results[f"{name}_copy_calls_ms"] = round((time.monotonic() - t0) * 1e3, 3)  # not waited for
+        stream.synchronize()
+        results[name] = bool((host == 7).all())
+    results["sleep_kernel"] = "torch.cuda._sleep" if sleep is not None else "none: torch has no torch.cuda._sleep"
     return results
 
 
@@ -198,9 +258,8 @@ def end_to_end() -> dict:
         import mooncake.pg  # noqa: F401
         import pytest  # noqa: F401
     except ImportError as e:
-        return {"skipped": f"{e.name or e} does not import in this Python ({e}); the 2-process check needs the "
-                           f"Transfer Engine extension built for {sys.version.split()[0]} (ci/build_native.sh), "
-                           f"mooncake.pg and pytest"}
+        return {"skipped": f"{e.name or e} does not import in this Python ({e}); the 2-process check needs "
+                           f"mooncake.engine, mooncake.pg and pytest"}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MC_EP_TEST_DEVICE": "cuda"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "ep", "buffer_test.py"),
            "-k", "match_the_reference"]
@@ -222,6 +281,7 @@ def main() -> int:
     summary = {}
     try:
         summary["build"] = build()
+        summary["plugin"] = find_cuda_plugin()
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"build failed: {e}")
         return 1
@@ -236,8 +296,9 @@ def main() -> int:
     gpu = devmod.CudaDevice(torch.device("cuda:0"))
     summary["device"] = torch.cuda.get_device_name(0)
     ok = True
-    for name, step in (("kernels", lambda: check_kernels(gpu)), ("ipc", lambda: check_ipc(gpu)),
-                       ("timing", lambda: time_kernels(gpu)), ("end_to_end", end_to_end)):
+    for name, step in (("kernels", lambda: check_kernels(gpu)), ("copies", lambda: check_copies(gpu)),
+                       ("ipc", lambda: check_ipc(gpu)), ("timing", lambda: time_kernels(gpu)),
+                       ("end_to_end", end_to_end)):
         try:
             summary[name] = step()
         except Exception:  # a failed step is reported and the others still run

@@ -1,6 +1,6 @@
 """Store client benchmark against Redis, measured in one run and interleaved (same machine, same moment).
 
-  bazel run //store/client:store_bench -- [--iters 200] [--sizes 4K,64K,1M,16M] [--json out.json]
+  bazel run //store/client:store_bench -- [--iters 200] [--sizes 4K,64K,1M,16M] [--sections ...] [--json out.json]
 
 Setup: a real ``mooncake_master``, a store client process B holding a large segment (the "remote" data),
 this process as client A (its own segment is the "local" data), and a Debian ``redis-server`` reached with
@@ -9,8 +9,9 @@ GET (so drift hits both equally). Reported per size and placement (remote: repli
 replica in A's own segment): put/get p50/p99 latency and throughput (bytes / mean latency), the ratio to
 Redis, the first ("cold") get after a put, batch put/get of 64 x 64 KiB, bytes and zero copy (Redis: MSET/MGET),
 single-thread 4 KiB get/put ops/s for --seconds, local-segment get_into vs a single-core memcpy
-(numpy copyto) of the same size into the same registered buffer, and remote 16 MiB put/get of ``bytes``
-against put_from/get_into with HTTP metadata (bench_bytes_vs_zero_copy).
+(numpy copyto) of the same size into the same registered buffer, remote 16 MiB put/get of ``bytes``
+against put_from/get_into with HTTP metadata (bench_bytes_vs_zero_copy), and a layer-wise load of --layers
+layers (bench_layerwise: one get session against one batch_get_into per layer). --sections picks sections.
 
 Gets cycle over a few keys, so after the first get of a key its descriptors come from the client's lease
 cache (see store/client/core.py); "cold get" is the get that pays the master round trip.
@@ -208,7 +209,67 @@ def bench_bytes_vs_zero_copy(size: int, iters: int) -> dict:
     return out
 
 
-def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB", local_segment: str = "1GB") -> dict:
+def bench_layerwise(store, cfg, iters: int, layers: int = 64, keys: int = 16, layer_bytes: int = 16 * KiB) -> dict:
+    """A layer-wise load (SGLang's layer-by-layer KV loading) of `keys` pages of `layers` layers, remote: one get
+    session (batch_get_session_start, one batch_get_into_multi_buffer_ranges per layer, batch_get_session_end)
+    over one object per page, against the same bytes stored as one object per page and layer and loaded with
+    one batch_get_into per layer (`layers` calls). Interleaved per iteration: the per-layer load cold (the
+    client's descriptor cache dropped first, as for a prefix loaded once: a lookup per call) and warm
+    (descriptors cached), then the session load (which always looks up once). Same destination layout: layer
+    l of page i at (l * keys + i) * layer_bytes."""
+    page = layers * layer_bytes
+    total = keys * page
+    buf = np.zeros(2 * total, dtype=np.uint8)
+    assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+    src, dst = buf.ctypes.data, buf.ctypes.data + total
+    buf[:total] = np.random.default_rng(3).integers(0, 256, total, dtype=np.uint8)
+    pages = [f"lw-p{i}" for i in range(keys)]
+    per_layer = [[f"lw-l{l}-p{i}" for i in range(keys)] for l in range(layers)]
+    assert store.batch_put_from(pages, [src + i * page for i in range(keys)], [page] * keys, cfg) == [0] * keys
+    for l in range(layers):
+        assert store.batch_put_from(per_layer[l], [src + i * page + l * layer_bytes for i in range(keys)],
+                                    [layer_bytes] * keys, cfg) == [0] * keys
+    dsts = [[dst + (l * keys + i) * layer_bytes for i in range(keys)] for l in range(layers)]
+
+    def per_layer_load() -> None:
+        for l in range(layers):
+            assert store.batch_get_into(per_layer[l], dsts[l], [layer_bytes] * keys) == [layer_bytes] * keys
+
+    def cold_load() -> None:
+        store.cache_clear()
+        per_layer_load()
+
+    def session_load() -> None:
+        assert store.batch_get_session_start(pages) == [0] * keys
+        sizes, ptrs = [[layer_bytes]] * keys, [[[p] for p in dsts[l]] for l in range(layers)]
+        for l in range(layers):
+            offs = [[l * layer_bytes]] * keys
+            assert store.batch_get_into_multi_buffer_ranges(pages, ptrs[l], sizes, offs) == [layer_bytes] * keys
+        assert store.batch_get_session_end(pages) == 0
+
+    expect = buf[:total].reshape(keys, layers, layer_bytes).transpose(1, 0, 2)
+    lat = {"per_layer_cold": [], "per_layer_warm": [], "session": []}
+    for i in range(max(3, iters // 10)):
+        for name, fn in (("per_layer_cold", cold_load), ("per_layer_warm", per_layer_load),
+                         ("session", session_load)):
+            buf[total:] = 0
+            lat[name].append(_timed(fn))
+            if i == 0:
+                assert (buf[total:].reshape(layers, keys, layer_bytes) == expect).all(), name
+    store.remove_by_regex("^lw-", force=True)
+    store.unregister_buffer(buf.ctypes.data)
+    out = {k: _summary(v, total) for k, v in lat.items()}
+    out.update(layers=layers, keys=keys, layer_bytes=layer_bytes,
+               cold_vs_session=out["per_layer_cold"]["p50_us"] / out["session"]["p50_us"],
+               warm_vs_session=out["per_layer_warm"]["p50_us"] / out["session"]["p50_us"])
+    return out
+
+
+SECTIONS = ("sizes", "batch", "ops", "get_into", "bytes", "layerwise")
+
+
+def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB", local_segment: str = "1GB",
+        sections=SECTIONS, layers: int = 64) -> dict:
     """Segments must hold what the run puts while read leases (10 s) keep removed buffers held."""
     import redis
 
@@ -224,14 +285,21 @@ def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB
         remote_cfg = ReplicateConfig(preferred_segments=[remote.hostname])
         local_cfg = ReplicateConfig(preferred_segments=[store.get_hostname()])
         out = {"sizes": [], "iters": iters}
-        for size in sizes:
-            n = max(5, min(iters, (256 * MiB) // size))
-            out["sizes"].append(bench_size(store, r, size, n, "remote", remote_cfg))
-            out["sizes"].append(bench_size(store, r, size, n, "local", local_cfg))
-        out["batch_64x64KiB_remote"] = bench_batch(store, r, remote_cfg, iters)
-        out["ops_4KiB_remote"] = bench_ops(store, r, remote_cfg, seconds)
-        out["get_into_local"] = [bench_get_into(store, s, max(5, min(iters, 64))) for s in (MiB, 16 * MiB)]
-        out["bytes_vs_zero_copy_http"] = bench_bytes_vs_zero_copy(16 * MiB, max(5, min(iters, 10)))
+        if "sizes" in sections:
+            for size in sizes:
+                n = max(5, min(iters, (256 * MiB) // size))
+                out["sizes"].append(bench_size(store, r, size, n, "remote", remote_cfg))
+                out["sizes"].append(bench_size(store, r, size, n, "local", local_cfg))
+        if "batch" in sections:
+            out["batch_64x64KiB_remote"] = bench_batch(store, r, remote_cfg, iters)
+        if "ops" in sections:
+            out["ops_4KiB_remote"] = bench_ops(store, r, remote_cfg, seconds)
+        if "get_into" in sections:
+            out["get_into_local"] = [bench_get_into(store, s, max(5, min(iters, 64))) for s in (MiB, 16 * MiB)]
+        if "bytes" in sections:
+            out["bytes_vs_zero_copy_http"] = bench_bytes_vs_zero_copy(16 * MiB, max(5, min(iters, 10)))
+        if "layerwise" in sections:
+            out["layerwise_remote"] = bench_layerwise(store, remote_cfg, iters, layers=layers)
         return out
     finally:
         store.close()
@@ -242,7 +310,7 @@ def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB
 
 def report(out: dict) -> str:
     lines = [f"{'size':>6} {'where':6} | {'put p50/p99 us':>17} {'SET p50/p99':>17} {'x thr':>5} {'p50 x':>5} | "
-             f"{'get p50/p99 us':>17} {'GET p50/p99':>17} {'x thr':>5} {'p50 x':>5} | cold get p50"]
+             f"{'get p50/p99 us':>17} {'GET p50/p99':>17} {'x thr':>5} {'p50 x':>5} | cold get p50"][:len(out["sizes"])]
     for s in out["sizes"]:
         def f(d):
             return f"{d['p50_us']:8.0f}/{d['p99_us']:<8.0f}"
@@ -251,22 +319,33 @@ def report(out: dict) -> str:
                      f"{s['put_p50_vs_redis']:5.2f} | "
                      f"{f(s['get'])} {f(s['redis_get'])} {s['get_vs_redis']:5.2f} {s['get_p50_vs_redis']:5.2f} | "
                      f"{s['cold_get']['p50_us']:.0f} us")
-    b = out["batch_64x64KiB_remote"]
-    lines.append("batch 64 x 64 KiB (remote), p50 ms: put_batch %.2f  batch_put_from %.2f  MSET %.2f  |  get_batch "
-                 "%.2f  batch_get_into %.2f  MGET %.2f" % tuple(b[k]["p50_us"] / 1e3 for k in (
-                     "put", "put_from", "mset", "get", "get_into", "mget")))
-    lines.append("  throughput x MSET: put_batch %.2f  batch_put_from %.2f;  x MGET: get_batch %.2f  batch_get_into %.2f"
-                 % (b["put_vs_mset"], b["put_from_vs_mset"], b["get_vs_mget"], b["get_into_vs_mget"]))
-    o = out["ops_4KiB_remote"]
-    lines.append("single thread 4 KiB ops/s: store get %.0f  Redis GET %.0f  store put %.0f  Redis SET %.0f" % (
-        o["store_get"], o["redis_get"], o["store_put"], o["redis_set"]))
-    for g in out["get_into_local"]:
+    b = out.get("batch_64x64KiB_remote")
+    if b:
+        lines.append("batch 64 x 64 KiB (remote), p50 ms: put_batch %.2f  batch_put_from %.2f  MSET %.2f  |  "
+                     "get_batch %.2f  batch_get_into %.2f  MGET %.2f" % tuple(b[k]["p50_us"] / 1e3 for k in (
+                         "put", "put_from", "mset", "get", "get_into", "mget")))
+        lines.append("  throughput x MSET: put_batch %.2f  batch_put_from %.2f;  x MGET: get_batch %.2f  "
+                     "batch_get_into %.2f" % (b["put_vs_mset"], b["put_from_vs_mset"], b["get_vs_mget"],
+                                              b["get_into_vs_mget"]))
+    o = out.get("ops_4KiB_remote")
+    if o:
+        lines.append("single thread 4 KiB ops/s: store get %.0f  Redis GET %.0f  store put %.0f  Redis SET %.0f" % (
+            o["store_get"], o["redis_get"], o["store_put"], o["redis_set"]))
+    for g in out.get("get_into_local", []):
         lines.append("local get_into %d MiB: %.2f GB/s vs memcpy %.2f GB/s = %.2fx" % (
             g["size"] // MiB, g["get_into_GBps"], g["memcpy_GBps"], g["ratio"]))
-    z = out["bytes_vs_zero_copy_http"]
-    lines.append("16 MiB remote, HTTP metadata, p50 ms: put %.2f put_from %.2f (%.2fx)  get %.2f get_into %.2f "
-                 "(%.2fx)" % (z["put"]["p50_us"] / 1e3, z["put_from"]["p50_us"] / 1e3, z["put_vs_put_from"],
-                              z["get"]["p50_us"] / 1e3, z["get_into"]["p50_us"] / 1e3, z["get_vs_get_into"]))
+    z = out.get("bytes_vs_zero_copy_http")
+    if z:
+        lines.append("16 MiB remote, HTTP metadata, p50 ms: put %.2f put_from %.2f (%.2fx)  get %.2f get_into %.2f "
+                     "(%.2fx)" % (z["put"]["p50_us"] / 1e3, z["put_from"]["p50_us"] / 1e3, z["put_vs_put_from"],
+                                  z["get"]["p50_us"] / 1e3, z["get_into"]["p50_us"] / 1e3, z["get_vs_get_into"]))
+    w = out.get("layerwise_remote")
+    if w:
+        lines.append("layer-wise load, %d layers x %d pages x %d KiB (remote), p50 ms: %d batch_get_into cold %.2f  "
+                     "warm %.2f  |  get session %.2f  =>  %.2fx (cold), %.2fx (warm) the session's time" % (
+                         w["layers"], w["keys"], w["layer_bytes"] // KiB, w["layers"],
+                         w["per_layer_cold"]["p50_us"] / 1e3, w["per_layer_warm"]["p50_us"] / 1e3,
+                         w["session"]["p50_us"] / 1e3, w["cold_vs_session"], w["warm_vs_session"]))
     return "\n".join(lines)
 
 
@@ -275,10 +354,18 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--sizes", default="4K,64K,1M,16M")
     p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="comma-separated, of: " + ", ".join(SECTIONS) + " (default: all)")
+    p.add_argument("--layers", type=int, default=64, help="layers of the layer-wise load (default 64)")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
-    out = run(args.iters, [parse_size(s) for s in args.sizes.split(",")], args.seconds)
+    out = run(args.iters, [parse_size(s) for s in args.sizes.split(",")], args.seconds, sections=sections,
+              layers=args.layers)
     print(report(out))
     if args.json:
         with open(args.json, "w") as f:

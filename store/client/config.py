@@ -12,10 +12,19 @@ Contracts (reference §2.2, §2.12):
     reject (a soft pin TTL without SoftPinAction.ENABLE, replica_num outside 1..64).
   * ``SetupConfig.from_args`` accepts the positional and the dict form of ``setup``. It raises TypeError for
     a wrong type or call shape (``setup(12345)``, a missing positional argument, an unknown keyword) and
-    ValueError, with a clear message, for a bad value (empty hostname, unsupported protocol, "50%", a dict
+    ValueError, with a clear message, for a bad value (empty hostname, unknown protocol, "50%", a dict
     lacking local_hostname); ``SetupConfig.check_types`` raises only the TypeErrors. The dict form also takes
     the clients' key names ``master_server_address`` (= ``master_server_addr``) and ``device_name``
     (= ``rdma_devices``); a dict may hold both names of one option only with the same value.
+  * ``protocol`` is one of Mooncake's names (PROTOCOLS, else ValueError); it is handed to the Transfer Engine,
+    which serves it with the transport of that name where this build and host have one; where it cannot,
+    setup fails with the engine's reason (logged).
+  * ``engine`` (8th positional, or keyword): None (the store creates and owns its Transfer Engine), or an
+    initialized ``mooncake.engine.TransferEngine`` or its ``get_engine()`` handle, to share: the store then
+    uses that engine (its segment name, metadata, transports, registrations) and never closes it; its own
+    buffers are freed and registrations undone at ``close``. A handle whose engine is unknown, or an engine
+    that is not initialized, is a ValueError; any other type a TypeError. from_args resolves a handle to its
+    engine (``engine`` is then the TransferEngine).
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ import operator
 import os
 import re
 
-from mooncake.store.client.validate import FLAG, INT, SIZE, STR, UINT, check, either, enum_of, optional, seq
+from mooncake.store.client.validate import (FLAG, INT, SIZE, STR, UINT, Wrong, check, either, enum_of, optional,
+                                            seq)
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.master.objects import ReplicaStatus  # noqa: F401  (re-exported: one definition)
 from mooncake.store.proto import mooncake_master_pb2 as pb
@@ -181,8 +191,8 @@ _REPLICATE_FIELDS = {
     "prefer_alloc_in_same_node": FLAG, "data_type": enum_of(ObjectDataType), "group_ids": optional(_SEGMENTS),
 }
 
-PROTOCOLS = ("tcp", "rdma", "efa", "cxl", "nvlink", "hip", "barex", "ascend")
-SUPPORTED_PROTOCOLS = ("tcp",)
+PROTOCOLS = ("tcp", "rdma", "efa", "cxi", "cxl", "nvlink", "nvlink_intra", "hip", "musa", "maca", "barex",
+             "ascend", "ubshmem", "ub", "nccl")
 
 
 @dataclasses.dataclass
@@ -194,6 +204,7 @@ class SetupConfig:
     protocol: str = "tcp"
     rdma_devices: str = ""
     master_server_addr: str = "127.0.0.1:50051"
+    engine: object = None
     enable_ssd_offload: bool = False
     ssd_offload_path: str = ""
     tenant_id: str = "default"
@@ -214,9 +225,9 @@ class SetupConfig:
         cfg.client_http_port = _parse_port(cfg.client_http_port)
         if not cfg.local_hostname.strip():
             raise ValueError("local_hostname must be a non-empty string")
-        if cfg.protocol not in SUPPORTED_PROTOCOLS:
-            raise ValueError(f"protocol {cfg.protocol!r} is not supported by this build (supported: "
-                             f"{', '.join(SUPPORTED_PROTOCOLS)})")
+        if cfg.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {cfg.protocol!r} (Mooncake's names: {', '.join(PROTOCOLS)})")
+        cfg.engine = _shared_engine(cfg.engine)
         if not cfg.master_server_addr:
             raise ValueError("master_server_addr must be 'host:port'")
         if cfg.enable_ssd_offload:
@@ -236,9 +247,7 @@ class SetupConfig:
     @classmethod
     def _typed_fields(cls, args: tuple, kwargs: dict) -> dict:
         """The setup options by field name, each of the right type. TypeError for a wrong type or call shape;
-        then ValueError for a dict lacking a required key or holding unknown ones, or an external engine."""
-        kwargs = dict(kwargs)
-        kwargs.pop("engine", None)  # an external engine is not supported: the client owns its engine
+        then ValueError for a dict lacking a required key or holding unknown ones."""
         names = [f.name for f in dataclasses.fields(cls)]
         problem = None  # a ValueError raised once every type is checked
         if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
@@ -247,7 +256,6 @@ class SetupConfig:
             if bad:
                 raise TypeError(f"setup(): config keys must be str, got {type(bad[0]).__name__}")
             fields.pop("ipc_socket_path", None)
-            fields.pop("engine", None)
             problem = _merge_aliases(fields)
             unknown = set(fields) - set(names)
             missing = [n for n in ("local_hostname", "metadata_server") if n not in fields]
@@ -256,9 +264,9 @@ class SetupConfig:
             elif problem is None and missing:
                 problem = f"setup config lacks {missing[0]!r}"  # a ValueError in the dict form
         else:
-            if len(args) > len(names) + 1:
-                raise TypeError(f"setup() takes at most {len(names) + 1} positional arguments ({len(args)} given)")
-            fields = dict(zip(names, args[:7] + args[8:]))
+            if len(args) > len(names):
+                raise TypeError(f"setup() takes at most {len(names)} positional arguments ({len(args)} given)")
+            fields = dict(zip(names, args))
             overlap = set(fields) & set(kwargs)
             if overlap:
                 raise TypeError(f"setup() got multiple values for {sorted(overlap)}")
@@ -267,8 +275,6 @@ class SetupConfig:
                 raise TypeError(f"setup() got unexpected keyword argument(s) {sorted(unknown)}")
             fields.update(kwargs)
             missing = [n for n in names[:7] if n not in fields]
-            if len(args) > 7 and args[7] is not None:
-                problem = "setup: passing an external engine is not supported"
         for name, value in fields.items():
             if name in _SETUP_FIELDS:
                 fields[name] = check(_SETUP_FIELDS[name], value, f"setup(): {name}")
@@ -299,6 +305,31 @@ def _merge_aliases(fields: dict) -> str | None:
     return problem
 
 
+def ENGINE(v):
+    """setup()'s `engine`: None, a TransferEngine or its get_engine() handle (returned as given)."""
+    if v is None:
+        return v
+    from mooncake.engine import InnerTransferEngine, TransferEngine  # loaded only when an engine is given
+    if isinstance(v, (TransferEngine, InnerTransferEngine)):
+        return v
+    raise Wrong("None, a mooncake.engine.TransferEngine or its get_engine() handle", v)
+
+
+def _shared_engine(engine):
+    """The TransferEngine to share for setup()'s `engine` (None: none); ValueError when it cannot be used."""
+    if engine is None:
+        return None
+    from mooncake.engine import TransferEngine, owner_of
+    if not isinstance(engine, TransferEngine):
+        owner = owner_of(engine)
+        if owner is None:
+            raise ValueError("engine: this get_engine() handle belongs to no live TransferEngine")
+        engine = owner
+    if not engine.get_local_segment_name():
+        raise ValueError("engine: the TransferEngine is not initialized (call initialize() first) or was closed")
+    return engine
+
+
 def _parse_flag(name: str, value) -> bool:
     """A bool option: a bool, 0 / 1, or (dict form) "true"/"false"/"1"/"0"/"yes"/"no"/"on"/"off"/""."""
     if not isinstance(value, str):
@@ -323,7 +354,7 @@ def _parse_port(value) -> int:
 
 _SETUP_FIELDS = {
     "local_hostname": STR, "metadata_server": STR, "global_segment_size": SIZE, "local_buffer_size": SIZE,
-    "protocol": STR, "rdma_devices": STR, "master_server_addr": STR,
+    "protocol": STR, "rdma_devices": STR, "master_server_addr": STR, "engine": ENGINE,
     "enable_ssd_offload": either(FLAG, STR, expected="a bool"), "ssd_offload_path": STR, "tenant_id": STR,
     "enable_client_http_server": either(FLAG, STR, expected="a bool"),
     "client_http_port": either(INT, STR, expected="a port number"),

@@ -16,6 +16,12 @@ registered (Python bytes, unregistered arrays) are staged through the registered
 values, or registered for the duration of the transfer (zero copy) for values of ZERO_COPY_MIN bytes and
 more or when the pool is full. A replica in this client's own segment never needs registration (memcpy).
 
+Shared engine rule (setup's ``engine``): the store uses that Transfer Engine as its own (segment name,
+metadata, transports) but never closes it. Memory its owner registered is usable as it is (register_buffer
+and the registration of values for a transfer accept it, and never unregister it); at close the store
+undoes only what it did: its register_buffer registrations and its managed buffers (segment, staging, pool).
+One store per engine (a second one is refused): both would mount segments under the engine's one name.
+
 Descriptor cache rule (why repeated gets skip the master): after GetReplicaList the client keeps the key's
 replica descriptors until ``t_request + lease_ttl * (1 - CACHE_MARGIN)``, where t_request is taken *before*
 the RPC was sent (so the local deadline is never later than the master's). While the lease lives the master
@@ -79,11 +85,14 @@ ZERO_COPY_MIN = 2 << 20  # registering costs ~100 µs per buffer here: below thi
 CACHE_MARGIN = 0.25
 CACHE_MAX_ENTRIES = 1 << 16
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+_OVERLAPPED = -7  # Transfer Engine: the range overlaps a registration
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 _LOCAL_DISK = pb.REPLICA_TYPE_LOCAL_DISK
 _SETUP_RELOAD_WAIT = 10.0  # seconds setup waits for the tier's files to be reported again
 TRUST_SEC = 2.0  # see the descriptor cache rule; below segments.REMOUNT_HOLD_SEC
 _CLOSE_RPC_SEC = 2.0  # close does not wait longer than this per master call
+_SHARED_LOCK = threading.Lock()
+_SHARED: set[int] = set()  # id() of the engines shared with a store of this process (setup's `engine`)
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
@@ -114,6 +123,10 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
     def __init__(self) -> None:
         self._cfg: SetupConfig | None = None
         self._engine = None
+        self._own_engine = True  # False: setup's `engine` is shared (never closed here)
+        self._managed: list[tuple[int, int]] = []  # (addr, size) from the engine's allocate_managed_buffer
+        self._borrowed: set[int] = set()  # register_buffer ranges a shared engine's owner had registered
+        self._mem_pool = StagingPool(0, 0)  # setup_dummy's mem_pool_size (alloc_from_mem_pool)
         self._master: MasterClient | None = None
         self._segment_name = ""
         self._segment_id = ""
@@ -143,21 +156,30 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def setup(self, *args, **kwargs) -> int:
         """Positional or dict form (reference §2.2). 0, or a negative code with the reason logged."""
+        try:
+            cfg = SetupConfig.from_args(args, kwargs)
+        except (ValueError, TypeError) as e:
+            if self._cfg is None:
+                _log.error("setup: %s", e)
+                return int(ErrorCode.INVALID_PARAMS)
+            cfg = None
+        return self._setup_with(cfg)
+
+    def _setup_with(self, cfg: SetupConfig | None, mem_pool_size: int = 0) -> int:
+        """setup() with parsed options (None: they were bad; only said when the store is not set up), plus
+        `mem_pool_size` bytes of registered memory for alloc_from_mem_pool (setup_dummy)."""
         with self._state_lock:
             if self._cfg is not None:
                 _log.error("setup: this store is already set up; call close() first")
                 return int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
-            try:
-                cfg = SetupConfig.from_args(args, kwargs)
-            except (ValueError, TypeError) as e:
-                _log.error("setup: %s", e)
+            if cfg is None:
                 return int(ErrorCode.INVALID_PARAMS)
-            code = self._setup_locked(cfg)
+            code = self._setup_locked(cfg, mem_pool_size)
             if code != OK:
                 self._teardown_locked(unmount=True)
             return code
 
-    def _setup_locked(self, cfg: SetupConfig) -> int:
+    def _setup_locked(self, cfg: SetupConfig, mem_pool_size: int = 0) -> int:
         from mooncake.engine import TransferEngine  # the native module is needed only once a store is set up
 
         self._closing = False
@@ -176,23 +198,40 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
                        type(e).__name__)
             return int(ErrorCode.RPC_FAIL)
         self._master.view_version = self._view
-        engine = TransferEngine()
-        self._engine = engine
-        hostname = _hostname_with_port(cfg.local_hostname, cfg.metadata_server)
-        if engine.initialize(hostname, cfg.metadata_server, cfg.protocol, cfg.rdma_devices) != 0:
-            _log.error("setup: Transfer Engine initialisation failed (hostname %r, metadata %r, protocol %r)",
-                       hostname, cfg.metadata_server, cfg.protocol)
-            return int(ErrorCode.INTERNAL_ERROR)
+        self._own_engine = cfg.engine is None
+        if self._own_engine:
+            engine = self._engine = TransferEngine()
+            hostname = _hostname_with_port(cfg.local_hostname, cfg.metadata_server)
+            if engine.initialize(hostname, cfg.metadata_server, cfg.protocol, cfg.rdma_devices) != 0:
+                _log.error("setup: Transfer Engine initialisation failed (hostname %r, metadata %r, protocol %r)",
+                           hostname, cfg.metadata_server, cfg.protocol)
+                return int(ErrorCode.INTERNAL_ERROR)
+        else:  # shared: its owner initialized it (name, metadata, transports) and closes it
+            engine = cfg.engine
+            with _SHARED_LOCK:  # one store per engine: two would mount segments under one name (identity rule)
+                if id(engine) in _SHARED:
+                    _log.error("setup: Transfer Engine %s is shared with another store of this process already",
+                               engine.get_local_segment_name())
+                    return int(ErrorCode.INVALID_PARAMS)
+                _SHARED.add(id(engine))
+            self._engine = engine
+            _log.info("setup: sharing Transfer Engine %s (its name, metadata and transports are used)",
+                      engine.get_local_segment_name())
         self._segment_name = engine.get_local_segment_name()
-        for attr, size in (("_global", cfg.global_segment_size), ("_local", cfg.local_buffer_size)):
+        for attr, size in (("_global", cfg.global_segment_size), ("_local", cfg.local_buffer_size),
+                           ("_pool", mem_pool_size)):
             if size:
                 addr = engine.allocate_managed_buffer(size)
                 if not addr:
                     _log.error("setup: cannot allocate %d bytes of %s memory", size, attr[1:])
                     return int(ErrorCode.INTERNAL_ERROR)
+                self._managed.append((addr, size))
                 if os.environ.get("MC_STORE_PREFAULT", "1") != "0":
                     ctypes.memset(addr, 0, size)  # commit the pages now, not on the first put (like RDMA pinning)
-                setattr(self, attr, (addr, size))
+                if attr == "_pool":
+                    self._mem_pool = StagingPool(addr, size)
+                else:
+                    setattr(self, attr, (addr, size))
                 self._ranges.add(addr, size)
         self._staging = StagingPool(*self._local)
         if cfg.enable_ssd_offload:
@@ -303,13 +342,31 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         while self._in_flight:
             time.sleep(0.001)
         if self._engine is not None:
-            self._engine.close()
+            if self._own_engine:
+                self._engine.close()
+            else:
+                self._release_shared_engine()
+                with _SHARED_LOCK:
+                    _SHARED.discard(id(self._engine))
             self._engine = None
+        self._managed = []
+        self._borrowed = set()
         self._segment_id = ""
         self._global = self._local = (0, 0)
-        self._staging = StagingPool(0, 0)
+        self._staging = self._mem_pool = StagingPool(0, 0)
         self._ranges.clear()
         self.cache_clear()
+
+    def _release_shared_engine(self) -> None:
+        """Undoes on a shared engine what this store did to it: the register_buffer registrations, then the
+        managed buffers (segment, staging, memory pool). Logged, never raised: close goes on."""
+        engine, managed = self._engine, set(self._managed)
+        for addr, size in self._ranges.items():
+            if (addr, size) not in managed and addr not in self._borrowed and engine.unregister_memory(addr) != 0:
+                _log.warning("close: unregistering %#x from the shared Transfer Engine failed", addr)
+        for addr, size in self._managed:
+            if engine.free_managed_buffer(addr, size) != 0:
+                _log.warning("close: freeing %d bytes at %#x of the shared Transfer Engine failed", size, addr)
 
     def health_check(self) -> int:
         """0 healthy, 1 not set up or closed, 2 master unreachable."""
@@ -528,12 +585,16 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
                 return [(addr, total)], release
         done = []
         for a, n in regions:
-            if n and engine.register_memory(a, n) != 0:
+            if not n:
+                continue
+            rc = engine.register_memory(a, n)
+            if rc == _OVERLAPPED and not self._own_engine:
+                continue  # registered by the shared engine's owner: usable as it is
+            if rc != 0:
                 for d in done:
                     engine.unregister_memory(d)
                 return None
-            if n:
-                done.append(a)
+            done.append(a)
         return regions, lambda: [engine.unregister_memory(d) for d in done]
 
     @while_open(all_failed)

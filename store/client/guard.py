@@ -1,11 +1,15 @@
 """What the store client's data-path calls share: the code they return once the store is closed (or before
-it is set up), and the guard that lets close wait for the calls in flight (StoreCore._enter / _leave)."""
+it is set up), the guard that lets close wait for the calls in flight (StoreCore._enter / _leave), and the
+check that a call's lists match (``same_len``: logs which lengths differ)."""
 
 from __future__ import annotations
 
 import functools
+import logging
 
 from mooncake.store.master.errors import ErrorCode
+
+_log = logging.getLogger("mooncake.store.client")
 
 NOT_READY = int(ErrorCode.INTERNAL_ERROR)  # what calls before setup / after close return
 
@@ -24,6 +28,14 @@ def while_open(closed):
                 self._leave()
         return run
     return wrap
+
+
+def same_len(op: str, *lists) -> bool:
+    """Whether the lists have one length; when not, logs it for call `op` and returns False."""
+    if len({len(x) for x in lists}) == 1:
+        return True
+    _log.error("%s: list arguments differ in length (%s)", op, ", ".join(str(len(x)) for x in lists))
+    return False
 
 
 def all_failed(keys, *_, **__) -> list:

@@ -146,6 +146,11 @@ class RegisteredRanges:
             i = bisect.bisect_right(self._starts, addr) - 1
             return i >= 0 and addr + size <= self._ends[i]
 
+    def items(self) -> list[tuple[int, int]]:
+        """(addr, size) of every range, in address order."""
+        with self._lock:
+            return [(a, e - a) for a, e in zip(self._starts, self._ends)]
+
     def clear(self) -> None:
         with self._lock:
             self._starts.clear()

@@ -3,9 +3,11 @@
 The cache then survives restarts of inference processes: they set up with ``global_segment_size=0`` (they
 contribute no memory) and their puts land in this process's segment. The service mounts its segment with
 the master, keeps it alive with the heartbeat (re-mounting after a master restart) and unmounts it on
-SIGINT/SIGTERM. It prints one line once ready: ``mooncake_client ready: segment <name> size <bytes> master
-<addr>`` (then `` ssd <dir>`` with an SSD tier). Exit status: 0 after a signal, 1 when setup failed (the
-reason is logged).
+SIGINT/SIGTERM. On --port (Mooncake's flag, default 50052; 0: any free port) it answers dummy clients
+(``setup_dummy(mem_pool_size, local_buffer_size, "<host>:<port>")``, standalone.py), which learn from it which
+store to join. It prints one line once ready: ``mooncake_client ready: segment <name> size <bytes> master
+<addr> port <port>`` (then `` ssd <dir>`` with an SSD tier). Exit status: 0 after a signal, 1 when setup
+failed or the port cannot be bound (the reason is logged).
 
 Flags (Mooncake's names where they exist): --master_server_address (127.0.0.1:50051), --host / local
 hostname (MOONCAKE_LOCAL_HOSTNAME, else 127.0.0.1), --metadata_server (P2PHANDSHAKE), --protocol (tcp),
@@ -14,7 +16,6 @@ hostname (MOONCAKE_LOCAL_HOSTNAME, else 127.0.0.1), --metadata_server (P2PHANDSH
 MOONCAKE_OFFLOAD_FILE_STORAGE_PATH): an SSD tier that persists every object of the pool, whoever wrote it
 (the master hands this process the objects committed to its segment; see store/README.md), and serves the
 files to readers; they stay readable after eviction from memory and across restarts of this process.
-Not implemented: dummy clients (``setup_dummy``, the RPC port 50052).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def _bool(text: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mooncake_client", description=__doc__.split("\n\n")[0])
     p.add_argument("--master_server_address", default="127.0.0.1:50051")
+    p.add_argument("--port", type=int, default=50052, help="where dummy clients (setup_dummy) connect; 0: any")
     p.add_argument("--host", default=os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1"))
     p.add_argument("--metadata_server", default="P2PHANDSHAKE")
     p.add_argument("--protocol", default="tcp")
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from mooncake.store.client.standalone import DescribeServer
     from mooncake.store.client.store import MooncakeDistributedStore
+    from mooncake.store.proto import mooncake_master_pb2 as pb
 
     store = MooncakeDistributedStore()
     code = store.setup(args.host, args.metadata_server, args.global_segment_size, args.local_buffer_size,
@@ -61,14 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0:
         print(f"mooncake_client: error: setup failed ({code}); see the log above", file=sys.stderr)
         return 1
+    info = pb.DescribeClientReply(master_server_addr=args.master_server_address,
+                                  metadata_server=args.metadata_server, protocol=args.protocol,
+                                  segment_name=store.get_hostname(), global_segment_size=store._global[1])
+    try:
+        server = DescribeServer(info, port=args.port).start()
+    except (OSError, OverflowError) as e:
+        print(f"mooncake_client: error: cannot listen on --port {args.port} for dummy clients: {e}", file=sys.stderr)
+        store.close()
+        return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     ssd = f" ssd {store._disk.path}" if store._disk is not None else ""
     print(f"mooncake_client ready: segment {store.get_hostname()} size {store._global[1]} master "
-          f"{args.master_server_address}{ssd}", flush=True)
+          f"{args.master_server_address} port {server.port}{ssd}", flush=True)
     while not stop.wait(1.0):
         pass
+    server.stop()
     store.close()
     return 0
 

@@ -21,15 +21,19 @@ import logging
 
 from mooncake.store.client.config import ReplicaStatus, ReplicateConfig, SetupConfig
 from mooncake.store.client.core import NOT_READY, OK, StoreCore, new_bytes
+from mooncake.store.client.guard import same_len as _same_len
 from mooncake.store.client.memory import buffer_address
+from mooncake.store.client.sessions import SessionAPI
 from mooncake.store.client.tasks import TaskAPI
 from mooncake.store.client.tensor import TensorAPI
-from mooncake.store.client.validate import CONFIG, FLAG, INT, KEY, KEYS, STR, UINT, VALUE, key_error, seq, typed
+from mooncake.store.client.validate import (CONFIG, FLAG, INT, KEY, KEYS, SIZE, STR, UINT, VALUE, key_error, seq,
+                                            typed)
 from mooncake.store.master.errors import ErrorCode
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")
 _INVALID = int(ErrorCode.INVALID_PARAMS)
+_OVERLAPPED = -7  # Transfer Engine: the range overlaps a registration
 
 
 class BufferHandle(bytes):
@@ -125,13 +129,6 @@ def _values(parts, op: str):
     return out
 
 
-def _same_len(op: str, *lists) -> bool:
-    if len({len(x) for x in lists}) == 1:
-        return True
-    _log.error("%s: list arguments differ in length (%s)", op, ", ".join(str(len(x)) for x in lists))
-    return False
-
-
 def _valid(op: str, keys: list) -> list[int]:
     """The indices of the valid keys; why each other one is not is logged."""
     good = []
@@ -149,13 +146,40 @@ _PTR_LISTS = seq(_PTRS)
 _RANGES = seq(seq(seq(INT)))
 
 
-class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
+class MooncakeDistributedStore(SessionAPI, TensorAPI, TaskAPI, StoreCore):
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def setup(self, *args, **kwargs) -> int:
         """Positional or dict form (reference §2.2). 0, or a negative code with the reason logged; TypeError
-        for wrong types or a wrong call shape (SetupConfig.check_types), even on a store already set up."""
+        for wrong types or a wrong call shape (SetupConfig.check_types), even on a store already set up.
+        The 8th positional (or `engine=`) shares a Transfer Engine: see SetupConfig and core.py."""
         SetupConfig.check_types(args, kwargs)
         return super().setup(*args, **kwargs)
+
+    @typed(mem_pool_size=SIZE, local_buffer_size=SIZE, server_address=STR)
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address) -> int:
+        """A client of the store that the ``mooncake_client`` at `server_address` ("host:port", its --port)
+        serves, without a segment of its own, with `mem_pool_size` bytes of registered memory for
+        alloc_from_mem_pool and a `local_buffer_size` staging buffer (sizes: ints or strings like "16MB").
+        0, or a negative code with the reason logged (standalone.py)."""
+        from mooncake.store.client.standalone import dummy_config
+
+        if self._cfg is not None:
+            return self._setup_with(None)  # already set up: says so
+        cfg, pool, code = dummy_config(mem_pool_size, local_buffer_size, server_address)
+        return code if cfg is None else self._setup_with(cfg, pool)
+
+    @typed(size=UINT)
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The address of `size` bytes of the memory pool of setup_dummy (registered: usable with every zero-copy
+        call; held until close), or 0 when the pool is full, `size` is 0 or there is no pool (setup())."""
+        if not self._ready("alloc_from_mem_pool"):
+            return 0
+        addr = self._mem_pool.alloc(size)
+        if addr is None:
+            _log.error("alloc_from_mem_pool: no %d bytes free in the memory pool (%d bytes; setup_dummy's "
+                       "mem_pool_size)", size, self._mem_pool.size)
+            return 0
+        return addr
 
     # -- bytes: writes -----------------------------------------------------------------------------------------
     @typed(key=KEY, value=VALUE, config=CONFIG)
@@ -336,7 +360,8 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
     # -- zero copy ---------------------------------------------------------------------------------------------
     @typed(buffer_ptr=UINT, size=UINT)
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
-        """Registers [buffer_ptr, buffer_ptr+size) for zero-copy calls. Registering overlapping memory fails."""
+        """Registers [buffer_ptr, buffer_ptr+size) for zero-copy calls. Registering overlapping memory fails,
+        except memory the owner of a shared engine (setup's `engine`) registered: it is used as it is."""
         if not self._ready("register_buffer"):
             return NOT_READY
         if buffer_ptr == 0 or size == 0:
@@ -346,6 +371,11 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
             _log.error("register_buffer: [%#x, +%d) overlaps memory already registered", buffer_ptr, size)
             return _INVALID
         rc = self._engine.register_memory(buffer_ptr, size)
+        if rc == _OVERLAPPED and not self._own_engine:
+            _log.info("register_buffer: [%#x, +%d) is registered with the shared Transfer Engine already: used as "
+                      "it is", buffer_ptr, size)
+            self._borrowed.add(buffer_ptr)
+            return OK
         if rc != 0:
             self._ranges.remove(buffer_ptr)
             return _INVALID
@@ -358,6 +388,9 @@ class MooncakeDistributedStore(TensorAPI, TaskAPI, StoreCore):
         if self._ranges.remove(buffer_ptr) is None:
             _log.error("unregister_buffer: %#x was not registered with register_buffer", buffer_ptr)
             return _INVALID
+        if buffer_ptr in self._borrowed:  # the shared engine's owner registered it: theirs to undo
+            self._borrowed.discard(buffer_ptr)
+            return OK
         return OK if self._engine.unregister_memory(buffer_ptr) == 0 else _INVALID
 
     def _regions_ok(self, op: str, ptrs, sizes) -> bool:

@@ -4,7 +4,8 @@
   GET /metrics/summary  one-screen human summary
   GET /health           JSON {"status": "ok", "role": "leader", "ready": true, "view_version": N}
   GET /status           JSON: object counts, pool usage and every segment (usage, free blocks, fragmentation)
-  GET /get_all_segments JSON list of segment names
+  GET /get_all_segments the names of the mounted segments, one per line (text, as Mooncake's: an empty body
+                        while none is mounted, which SGLang's check_server waits out)
   GET /query_key?key=K  JSON {"success": true, "data": {...replicas...}}; 404 {"success": false,
                         "error_code": -704} when absent (read-only: no lease, no LRU touch)
 Anything else: 404; methods other than GET: 405; a request with a body: 413 (both close the connection).
@@ -63,7 +64,8 @@ class _Handler(BoundedHandler):
         elif path == "/status":
             self._reply(200, svc.snapshot())
         elif path == "/get_all_segments":
-            self._reply(200, sorted({s["name"] for s in svc.snapshot()["segments"]}))
+            names = sorted({s["name"] for s in svc.snapshot()["segments"]})
+            self._reply(200, "".join(n + "\n" for n in names), "text/plain; charset=utf-8")
         elif path == "/query_key":
             key = urllib.parse.parse_qs(url.query).get("key", [""])[0]
             if not key:

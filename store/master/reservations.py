@@ -84,10 +84,12 @@ class ReservationMixin:
         size = min(size, self.config.max_reservation_bytes, int(room) // 4)
         if size < min_size:
             return ErrorCode.NO_AVAILABLE_HANDLE, None
-        reps = self.segments.allocate(size, 1, config.preferred_segments)
+        size, reps = self._on_preferred(size, min_size, config.preferred_segments)
+        if not reps:
+            reps = self.segments.allocate(size, 1)
         if not reps and size > min_size:
             size = min_size
-            reps = self.segments.allocate(size, 1, config.preferred_segments)
+            reps = self.segments.allocate(size, 1)
         if not reps:
             return ErrorCode.NO_AVAILABLE_HANDLE, None
         self.clients.register(client_id, now)
@@ -96,6 +98,21 @@ class ReservationMixin:
         self._next_reservation += 1
         r = self.reservations[rid] = Reservation(rid, client_id, seg, start, start + seg.allocator.rounded(size), now)
         return OK, r
+
+    def _on_preferred(self, size: int, min_size: int, preferred) -> tuple[int, list]:
+        """(size, [replica]) of a block on a preferred segment, halving the size down to `min_size` where the
+        whole block does not fit there (a smaller block where the client asked beats a large one elsewhere),
+        or (size, []) when none has room for `min_size`."""
+        for name in preferred:
+            n = size
+            while True:
+                rep = self.segments.allocate_on(name, n)
+                if rep is not None:
+                    return n, [rep]
+                if n <= min_size:
+                    break
+                n = max(min_size, n // 2)
+        return size, []
 
     def put_reserved(self, client_id: str, rid: int, key: str, size: int, address: int, config: PutConfig
                      ) -> tuple[ErrorCode, int]:

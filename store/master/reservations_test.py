@@ -163,6 +163,17 @@ def test_placement_follows_the_preferred_segment(clock):
         svc.release_space("w", r.id)
 
 
+def test_a_preferred_segment_too_small_for_the_block_gets_a_smaller_one(clock):
+    """The preference wins over the block's size: a 1 MiB segment holds a block of what fits (down to min_size),
+    never one on the larger segment; only when the preferred one lacks min_size is another used."""
+    svc = make(clock, seg_size=16 * MiB)
+    assert svc.mount_segment("owner2", SegmentSpec("s2", "small", 0x9000000, 1 * MiB)) == E.OK
+    code, r = svc.reserve_space("w", 4 * MiB, 64 * KiB, PutConfig(preferred_segments=("small",)))
+    assert code == E.OK and r.segment.name == "small" and r.end - r.cursor == MiB
+    code, r2 = svc.reserve_space("w", 4 * MiB, 64 * KiB, PutConfig(preferred_segments=("small",)))
+    assert code == E.OK and r2.segment.name == "seg1"  # the small one is full
+
+
 def test_batch_is_carved_back_to_back_and_taken_keys_free_their_space(clock):
     svc = make(clock)
     code, r = svc.reserve_space("w", 1 * MiB, 64 * KiB, PutConfig())

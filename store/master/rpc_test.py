@@ -283,7 +283,7 @@ def test_admin_http(server, workers):
     assert code == 404 and json.loads(body)["error_code"] == E.OBJECT_NOT_FOUND
     assert _http(server, "/query_key")[0] == 400
     assert _http(server, "/metrics/summary")[0] == 200
-    assert json.loads(_http(server, "/get_all_segments")[1]) == ["host0:12000", "host1:12001"]
+    assert _http(server, "/get_all_segments")[1] == "host0:12000\nhost1:12001\n"
     assert _http(server, "/nope")[0] == 404
 
 

@@ -2,6 +2,7 @@
 #define MOONCAKE_TRANSFER_ENGINE_API_ENGINE_H_
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,9 +18,18 @@ struct EngineOptions {
   std::string local_server_name;
   /// "P2PHANDSHAKE", "http://host:port/metadata", ... (see CreateMetadataBackend).
   std::string metadata_conn = "P2PHANDSHAKE";
-  /// Preferred protocol ("tcp", "rdma", ...). A protocol this build cannot serve falls back to TCP with a log
-  /// line; MC_FORCE_TCP forces TCP.
+  /// Preferred network protocol, Mooncake's strings ("tcp", "rdma", "efa", "nvlink", "cxl", ...): the
+  /// transport serving it is installed and chosen over other network transports. Creation fails with the
+  /// plugin's reason when no usable transport serves it (never a silent fallback). Empty: no preference.
+  /// Every other usable transport is installed too (unless `transports` says otherwise) and used where it
+  /// is the better path (same-host copies) or the only one.
   std::string protocol = "tcp";
+  /// When not empty, only these transports (by name) are installed. A transport plugin may also declare an
+  /// environment variable that makes it the only one (tcp: MC_FORCE_TCP).
+  std::vector<std::string> transports;
+  /// Per-transport settings, "<transport>.<key>" -> value (see each transport's README); they override the
+  /// transport's MC_* variables.
+  std::map<std::string, std::string> transport_options;
   /// Comma-separated NIC allow-list (empty: all).
   std::string device_filter;
   EngineConfig config = EngineConfig::FromEnv();
@@ -41,9 +51,13 @@ class TransferEngine {
   const std::string& segment_name() const;
   uint16_t rpc_port() const;
   const EngineConfig& config() const;
+  /// Names of the installed transports, the preferred network transport first.
+  std::vector<std::string> InstalledTransports() const;
 
   // --- memory ---
-  /// kInvalidArgument (null/zero length), kAddressOverlapped; republishes the segment descriptor.
+  /// kInvalidArgument (null/zero length, a location that names no memory kind), kAddressOverlapped, or a
+  /// transport's registration error; republishes the segment descriptor. `location` is Mooncake's ("cpu:0",
+  /// "cuda:0", "*"); for "*" or "cpu:N" the platform layer says whether the pointer is device memory.
   Status RegisterMemory(void* addr, size_t length, const std::string& location = "*", bool remote_accessible = true);
   /// kAddressNotRegistered when no registration starts at addr. Waits for transfers still using it.
   Status UnregisterMemory(void* addr);

@@ -8,17 +8,12 @@
 
 namespace mooncake::te {
 
-/// Engine settings, read from the MC_* environment variables (Mooncake's names and defaults; see the
-/// README's configuration table). Plain value type.
+/// Engine-wide settings, read from the MC_* environment variables (Mooncake's names and defaults; see the
+/// README's configuration table). Each transport reads its own settings in its folder (TransportOptions).
+/// Plain value type.
 struct EngineConfig {
   std::chrono::seconds transfer_timeout{30};  ///< MC_TRANSFER_TIMEOUT (min 5): a slice in flight longer fails
   size_t slice_size = 65536;                  ///< MC_SLICE_SIZE (generic slicing; transports may override)
-  size_t tcp_slice_size = 1 << 20;            ///< MC_TCP_SLICE_SIZE
-  int tcp_io_threads = 2;                     ///< MC_TCP_IO_THREADS
-  int tcp_lanes_per_peer = 2;                 ///< MC_TCP_LANES_PER_PEER: connections per peer
-  size_t tcp_max_frame = 64 << 20;            ///< MC_TCP_MAX_FRAME: largest payload one frame may carry
-  bool force_tcp = false;                     ///< MC_FORCE_TCP
-  std::string tcp_bind_address;               ///< MC_TCP_BIND_ADDRESS
   uint16_t min_rpc_port = 15000;              ///< MC_MIN_RPC_PORT
   uint16_t max_rpc_port = 17000;              ///< MC_MAX_RPC_PORT
   bool legacy_rpc_port_binding = false;       ///< MC_LEGACY_RPC_PORT_BINDING: RPC port from local_hostname
@@ -30,12 +25,6 @@ struct EngineConfig {
   bool disable_metacache = false;             ///< MC_DISABLE_METACACHE
   /// MC_NOTIFY_QUEUE_BYTES: most bytes (names + messages) of received notifications waiting for get_notifies
   size_t notify_queue_bytes = 64 << 20;
-  std::chrono::milliseconds tcp_stall_timeout{3000};  ///< MC_TCP_STALL_TIMEOUT_MS: a path moving no data fails over
-  std::chrono::milliseconds tcp_probe_interval{500};  ///< MC_TCP_PROBE_INTERVAL_MS: how often down paths are tried
-  size_t tcp_lane_window = 4 << 20;                   ///< MC_TCP_LANE_WINDOW: bytes in flight per connection
-  /// MC_TCP_RECV_SPIN_US: a caller receiving a large READ payload keeps its core this long between bursts
-  /// before sleeping in poll (0: always sleep)
-  std::chrono::microseconds tcp_recv_spin{50};
   int retry_count = 9;                                ///< MC_RETRY_CNT: path changes per slice before it fails
   std::string nic_filter;                             ///< MC_TE_FILTERS: NIC allow-list (device_name wins)
   std::string custom_topology_path;                   ///< MC_CUSTOM_TOPO_JSON

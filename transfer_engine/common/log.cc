@@ -1,5 +1,7 @@
 #include "transfer_engine/common/log.h"
 
+#include <cstdio>
+
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -42,10 +44,11 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) {
   tm t;
   localtime_r(&tv.tv_sec, &t);
   char ts[32];
-  strftime(ts, sizeof(ts), "%m%d %H:%M:%S", &t);
+  size_t n = strftime(ts, sizeof(ts), "%m%d %H:%M:%S", &t);
+  snprintf(ts + n, sizeof(ts) - n, ".%03d", static_cast<int>(tv.tv_usec / 1000));
   const char* base = strrchr(file, '/');
-  stream_ << kLevelChar[static_cast<int>(level)] << ts << '.' << (tv.tv_usec / 1000) << ' ' << getpid() << ' '
-          << (base ? base + 1 : file) << ':' << line << "] mooncake: ";
+  stream_ << kLevelChar[static_cast<int>(level)] << ts << ' ' << getpid() << ' ' << (base ? base + 1 : file) << ':'
+          << line << "] mooncake: ";
 }
 
 LogMessage::~LogMessage() {

@@ -13,11 +13,6 @@ int Fail(const char* what, const Status& st) {
   return st.raw_code() < 0 ? st.raw_code() : -1;
 }
 
-bool Retryable(const Status& st) {
-  return st.code() == ErrorCode::kSocket || st.code() == ErrorCode::kPeerUnreachable ||
-         st.code() == ErrorCode::kStaleMetadata;
-}
-
 }  // namespace
 
 CompatEngine::~CompatEngine() = default;
@@ -153,14 +148,10 @@ bool CompatEngine::BuildRequests(const std::string& target, const std::vector<ui
 
 int CompatEngine::RunSync(const std::string& target, const std::vector<TransferRequest>& requests, size_t total,
                           const std::optional<Notification>& notify) {
-  Status st;
-  // A pooled connection may have gone stale (peer restarted): one retry on fresh metadata and connections.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    st = engine_->TransferSync(requests, Budget(total), notify ? &*notify : nullptr);
-    if (st.ok()) return 0;
-    engine_->InvalidateSegment(target);
-    if (!Retryable(st)) break;
-  }
+  // The engine itself moves a slice again after a descriptor refresh when the peer restarted (SliceRetry).
+  Status st = engine_->TransferSync(requests, Budget(total), notify ? &*notify : nullptr);
+  if (st.ok()) return 0;
+  engine_->InvalidateSegment(target);  // the next call starts from fresh metadata and connections
   return Fail("transfer", st);
 }
 

@@ -23,6 +23,13 @@ std::vector<Slice> CutIntoSlices(OpCode op, char* local, uint64_t remote, size_t
 
 void Slice::Complete(const Status& status) { task->OnSliceDone(status.ok() ? length : 0, status); }
 
+void Slice::Fail(const Status& status, SliceRetry retry) {
+  if (status.ok()) return Complete(status);
+  const SliceRetryHook& hook = task->batch_->retry_hook();
+  if (retry != SliceRetry::kFinal && hook && hook(this, status, retry)) return;
+  task->OnSliceDone(0, status);
+}
+
 TransferStatus Task::status() const {
   return TransferStatus{static_cast<TransferState>(state_.load(std::memory_order_acquire)),
                         transferred_.load(std::memory_order_relaxed)};

@@ -14,11 +14,20 @@
 #include "transfer_engine/api/status.h"
 #include "transfer_engine/api/types.h"
 #include "transfer_engine/core/memory_registry.h"
+#include "transfer_engine/platform/platform.h"
 
 namespace mooncake::te {
 
 class Batch;
 class Task;
+
+/// What the engine may do with a slice a transport could not move.
+enum class SliceRetry : uint8_t {
+  kFinal = 0,    ///< the error is the task's outcome
+  kOtherPath,    ///< another installed transport that can reach the peer may move it
+  kRefreshPeer,  ///< the peer may have restarted or dropped our connections: move it again once, on a fresh
+                 ///< descriptor and fresh connections
+};
 
 /// The unit a transport moves: a contiguous piece of one task. Owned by its Task; a transport may keep a
 /// pointer until it calls Complete() exactly once.
@@ -29,11 +38,25 @@ struct Slice {
   uint64_t remote = 0;
   size_t length = 0;
   uint32_t attempts = 0;  ///< transport-owned: how often the slice was moved to another path after a failure
+  uint32_t engine_attempts = 0;  ///< engine-owned: how often it was handed to a transport again
+  uint64_t tried_transports = 0;  ///< engine-owned: bit i set once transport i failed it
+  bool refreshed = false;         ///< engine-owned: already moved again after a descriptor refresh
+  /// engine-owned: when the engine last handed the slice to a transport (steady clock)
+  std::chrono::steady_clock::time_point handed_out{};
 
-  /// Reports the outcome. Thread-safe; must be called exactly once per slice. After the last slice of the
-  /// last task completes, the batch (and this slice) may be destroyed: do not touch the slice afterwards.
+  /// Reports the outcome. Thread-safe; must be called exactly once per slice (Complete or Fail). After the
+  /// last slice of the last task completes, the batch (and this slice) may be destroyed: do not touch the
+  /// slice afterwards.
   void Complete(const Status& status);
+  /// Reports a failure the engine may retry (see SliceRetry); the slice then comes back to a transport
+  /// later, or completes with `status`. Counts as the transport's one completion.
+  void Fail(const Status& status, SliceRetry retry);
 };
+
+/// Decides about a failed, retriable slice: returns true when it took the slice over (it will be submitted
+/// again and completed later), false to let it complete with its error. Called on the transport's thread: it
+/// must not block.
+using SliceRetryHook = std::function<bool(Slice* slice, const Status& status, SliceRetry retry)>;
 
 /// Cuts `length` bytes at (local, remote) into slices of at most `slice_size`; a tail of at most slice_size/4
 /// is merged into the previous slice (fewer tiny frames). Zero length yields no slices.
@@ -46,6 +69,14 @@ class Task {
   /// The first error reported by a slice (ok while none failed).
   Status error() const;
   std::vector<Slice>& slices() { return slices_; }
+
+  /// Set by the engine before the task starts: what its retry hook needs to move a slice again.
+  struct Route {
+    std::string segment;       ///< target segment name
+    MemoryKind local_kind;     ///< of the source range
+    MemoryKind remote_kind;    ///< of the target buffer
+  };
+  Route route;
 
  private:
   friend class Batch;
@@ -98,6 +129,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   /// Blocks until every started task is terminal or `deadline` passes; returns finished().
   bool WaitUntil(std::chrono::steady_clock::time_point deadline);
 
+  /// Installed once, before the first task starts (the engine's retry rules).
+  void SetRetryHook(SliceRetryHook hook) { retry_hook_ = std::move(hook); }
+  const SliceRetryHook& retry_hook() const { return retry_hook_; }
+
   /// Runs `fn` once, when the batch finishes (at once if it already has). Used to send a notification
   /// after the data is in place. `fn` runs on the completing thread: it must not block for long.
   void OnFinished(std::function<void(const Batch&)> fn);
@@ -114,6 +149,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(const Batch&)> on_finished_;
+  SliceRetryHook retry_hook_;
 };
 
 }  // namespace mooncake::te

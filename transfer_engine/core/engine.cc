@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <map>
 #include <mutex>
@@ -17,25 +18,42 @@
 #include "transfer_engine/common/process_watch.h"
 #include "transfer_engine/common/work_queue.h"
 #include "transfer_engine/core/batch.h"
+#include "transfer_engine/core/handshake_methods.h"
 #include "transfer_engine/core/managed_memory.h"
 #include "transfer_engine/core/memory_registry.h"
 #include "transfer_engine/core/metadata.h"
 #include "transfer_engine/core/notification_queue.h"
 #include "transfer_engine/core/rpc.h"
 #include "transfer_engine/core/segment_descriptor.h"
+#include "transfer_engine/core/slice_retry.h"
 #include "transfer_engine/core/topology.h"
+#include "transfer_engine/core/transport_set.h"
+#include "transfer_engine/plugin/loader.h"
 #include "transfer_engine/transport/transport.h"
 
 namespace mooncake::te {
 namespace {
 
+// The kind of a peer's buffer, from its location ("cuda:0", "cpu:1", "*"); host when it names none.
+MemoryKind RemoteKind(const BufferDescriptor& b) {
+  auto kind = MemoryKind::Parse(b.name);
+  return kind.ok() ? *kind : MemoryKind{};
+}
 
 }  // namespace
 
-class TransferEngine::Impl {
+class TransferEngine::Impl : public TransportHost {
  public:
   explicit Impl(EngineOptions options) : options_(std::move(options)), config_(options_.config) {}
-  ~Impl() { Shutdown(); }
+  ~Impl() override { Shutdown(); }
+
+  // TransportHost
+  Status RegisterMethod(const std::string& method, MethodHandler handler) override {
+    return methods_.Register(method, std::move(handler));
+  }
+  StatusOr<std::string> CallPeer(const std::string& segment, const std::string& method,
+                                 const std::string& payload) override;
+  Status Republish() override { return PublishLocal(); }
 
   Status Init();
   void Shutdown();
@@ -52,10 +70,14 @@ class TransferEngine::Impl {
   const uint64_t pid_start_ = ProcessStartTime(getpid());  // published as "pid_start", with "pid"
   MemoryRegistry memory_;
   std::unique_ptr<MetadataBackend> metadata_;
-  std::vector<std::unique_ptr<Transport>> transports_;
+  TransportSet transports_;
   RpcServer rpc_;
+  HandshakeMethods methods_;
   std::unique_ptr<ManagedMemory> managed_;
-  std::unique_ptr<WorkQueue> worker_;  // one thread: notifications that must not block I/O threads
+  std::mutex transport_managed_mu_;
+  std::unordered_map<uint64_t, size_t> transport_managed_;  // allocate_managed_buffer served by the transport
+  std::unique_ptr<WorkQueue> worker_;  // one thread: notifications and retries, off the I/O threads
+  std::unique_ptr<SliceRetrier> retrier_;
   bool shut_down_ = false;
 
   // Segments: handles and the descriptor cache.
@@ -91,17 +113,14 @@ class TransferEngine::Impl {
   /// Drops the cached descriptor of `name` and the transports' connections and mappings for it.
   void Forget(const std::string& name);
   StatusOr<std::string> SegmentNameOf(SegmentHandle h) const;
-  Transport* SelectTransport(const SegmentDescriptor& desc) const;
+  /// Registers a region with every transport, then with the registry (undone on any error).
+  Status RegisterRegion(MemoryRegion region);
+  Status UnregisterRegion(uint64_t addr);
   StatusOr<std::shared_ptr<Batch>> FindBatch(BatchId id) const;
   StatusOr<std::string> HandleRpc(const RpcFrame& frame);
   Status SubmitImpl(Batch& b, const std::vector<TransferRequest>& requests, const Notification* notify,
                     bool drive);
   Status SendNotifyImpl(const std::string& segment, const Notification& n);
-  std::string TransportNames() const {
-    std::string out;
-    for (const auto& t : transports_) out += (out.empty() ? "" : "+") + t->name();
-    return out;
-  }
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -154,14 +173,6 @@ Status TransferEngine::Impl::Init() {
   auto local = net::ParseHostPort(options_.local_server_name);
   if (!local.ok()) return local.status();
 
-  // Which address peers should use to reach us.
-  if (!config_.tcp_bind_address.empty()) {
-    advertised_ip_ = config_.tcp_bind_address;
-  } else {
-    auto ip = net::ResolveHost(local->host);
-    advertised_ip_ = ip.ok() && net::IsLocalAddress(*ip) && *ip != "0.0.0.0" ? *ip : net::FirstLanIp();
-  }
-
   auto metadata = CreateMetadataBackend(options_.metadata_conn, config_);
   if (!metadata.ok()) return metadata.status();
   metadata_ = std::move(metadata.value());
@@ -174,43 +185,48 @@ Status TransferEngine::Impl::Init() {
                                config_.handshake_backlog, config_.handshake_max_length));
   segment_name_ = p2p ? net::HostPort{local->host, rpc_.port()}.ToString() : options_.local_server_name;
 
-  // Transports: the network transport `protocol` names (TCP when this build lacks it), plus every same-host
-  // transport unless MC_FORCE_TCP. Each request then goes to the best one that can reach its target.
-  std::string protocol = config_.force_tcp || options_.protocol.empty() ? "tcp" : options_.protocol;
-  auto& registry = TransportRegistry::Get();
-  std::string known;
-  for (const auto& n : registry.Names()) known += (known.empty() ? "" : ", ") + n;
-  std::unique_ptr<Transport> network = registry.Create(protocol);
-  if (!network || !network->capabilities().remote_hosts) {
-    MC_LOG(kWarning) << "protocol '" << protocol << "' is not a network transport of this build (available: "
-                     << known << "); using tcp";
-    network = registry.Create("tcp");
-    if (!network) return Status(ErrorCode::kNotImplemented, "no network transport in this build (" + known + ")");
+  LoadPlugins();  // once per process: MC_PLUGIN_DIR and the package's plugin folder
+  MC_RETURN_IF_ERROR(transports_.Install(options_.protocol, options_.transports, options_.transport_options));
+  // Which address peers should use to reach us: a transport's (e.g. its bind address), else local_hostname's
+  // when it is an address of this host, else the first LAN address.
+  advertised_ip_ = transports_.advertised_address();
+  if (advertised_ip_.empty()) {
+    auto ip = net::ResolveHost(local->host);
+    advertised_ip_ = ip.ok() && net::IsLocalAddress(*ip) && *ip != "0.0.0.0" ? *ip : net::FirstLanIp();
   }
-  transports_.push_back(std::move(network));
-  if (!config_.force_tcp) {
-    for (const auto& name : registry.Names()) {
-      auto t = registry.Create(name);
-      if (t && !t->capabilities().remote_hosts) transports_.push_back(std::move(t));
-    }
-  }
+  // Started before the RPC server serves: a handshake method is registered by the time a peer can call it.
+  worker_ = std::make_unique<WorkQueue>(1);
   TransportContext ctx;
   ctx.config = &config_;
   ctx.memory = &memory_;
+  ctx.platforms = &PlatformRegistry::Get();
+  ctx.host = this;
   ctx.local_segment_name = segment_name_;
   ctx.advertised_ip = advertised_ip_;
   ctx.host_id = host_id_;
   ctx.instance = instance_;
   ctx.device_filter = options_.device_filter.empty() ? config_.nic_filter : options_.device_filter;
-  for (auto& t : transports_) MC_RETURN_IF_ERROR(t->Start(ctx));
+  MC_RETURN_IF_ERROR(transports_.Start(ctx, options_.transport_options));
+  SliceRetrier::Services retry;
+  retry.descriptor = [this](const std::string& name, bool refresh) { return Descriptor(name, refresh); };
+  retry.forget = [this](const std::string& name) { Forget(name); };
+  retry.transports = &transports_;
+  retry.memory = &memory_;
+  retry.worker = worker_.get();
+  retry.retry_count = config_.retry_count;
+  retrier_ = std::make_unique<SliceRetrier>(std::move(retry));
 
-  worker_ = std::make_unique<WorkQueue>(1);
   managed_ = std::make_unique<ManagedMemory>(
       [this](void* addr, size_t len, int memfd) {
-        return memory_.Register(reinterpret_cast<uint64_t>(addr), len, "*", true, memfd, 0);
+        MemoryRegion region;
+        region.start = reinterpret_cast<uint64_t>(addr);
+        region.length = len;
+        region.location = "*";
+        region.backing_fd = memfd;
+        return RegisterRegion(std::move(region));
       },
       [this](void* addr) {
-        Status st = memory_.Unregister(reinterpret_cast<uint64_t>(addr), config_.transfer_timeout);
+        Status st = UnregisterRegion(reinterpret_cast<uint64_t>(addr));
         (void)st;
       });
 
@@ -224,8 +240,19 @@ Status TransferEngine::Impl::Init() {
     return st;
   }
   MC_LOG(kInfo) << "transfer engine '" << segment_name_ << "' ready: rpc " << advertised_ip_ << ":" << rpc_.port()
-                << ", transports " << TransportNames() << ", metadata " << options_.metadata_conn;
+                << ", transports " << transports_.Names() << ", metadata " << options_.metadata_conn;
   return Status::Ok();
+}
+
+StatusOr<std::string> TransferEngine::Impl::CallPeer(const std::string& segment, const std::string& method,
+                                                     const std::string& payload) {
+  if (segment.empty()) return InvalidArgument("empty segment name");
+  auto rpc = metadata_->ResolveRpcAddress(segment);
+  if (!rpc.ok()) return rpc.status();
+  auto reply = RpcCall(rpc->host, rpc->port, HandshakeMethods::Request(method, payload),
+                       config_.handshake_connect_timeout, config_.handshake_max_length);
+  if (!reply.ok()) return reply.status();
+  return HandshakeMethods::ParseReply(segment, method, reply->body);
 }
 
 void TransferEngine::Impl::Shutdown() {
@@ -237,7 +264,10 @@ void TransferEngine::Impl::Shutdown() {
     if (!st.ok()) MC_LOG(kWarning) << "could not remove metadata of '" << segment_name_ << "': " << st.message();
   }
   rpc_.Stop();
-  for (auto& t : transports_) t->Stop();
+  // The worker first: a retry it runs still finds its transport running; after this, retries are refused
+  // and a transport's Stop fails what it still holds.
+  if (worker_) worker_->Stop();
+  transports_.Stop();
   worker_.reset();
 }
 
@@ -247,9 +277,9 @@ void TransferEngine::Impl::Shutdown() {
 std::string TransferEngine::Impl::BuildLocalDescriptor() const {
   SegmentDescriptor d;
   d.name = segment_name_;
-  d.protocol = transports_.empty() ? "tcp" : transports_[0]->name();
+  d.protocol = transports_.protocol();
   d.json = nlohmann::json::object();
-  for (const auto& t : transports_) t->Describe(d.json);
+  transports_.Describe(d.json);
   d.json["timestamp"] = std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count());
@@ -259,10 +289,14 @@ std::string TransferEngine::Impl::BuildLocalDescriptor() const {
   if (!metadata_->names_are_rpc_addresses()) d.json["pid_start"] = pid_start_;
   d.json["host_id"] = host_id_;
   d.json["instance"] = instance_;
-  d.json["epoch"] = memory_.epoch();
-  if (memory_.epoch_fd() >= 0) d.json["epoch_fd"] = memory_.epoch_fd();
   for (const auto& r : memory_.List()) {
-    if (r.remote_accessible) d.buffers.push_back({r.location, r.start, r.length, r.shm_fd, r.shm_offset});
+    if (!r.remote_accessible) continue;
+    BufferDescriptor b{r.location, r.start, r.length};
+    for (const auto& e : r.transports) {
+      if (e.declined || !e.descriptor_fields.is_object()) continue;
+      for (const auto& [k, v] : e.descriptor_fields.items()) b.json[k] = v;
+    }
+    d.buffers.push_back(std::move(b));
   }
   return d.Serialize();
 }
@@ -321,7 +355,7 @@ void TransferEngine::Impl::Forget(const std::string& name) {
     std::lock_guard lock(seg_mu_);
     cache_.erase(name);
   }
-  for (auto& t : transports_) t->ForgetPeer(name);
+  transports_.ForgetPeer(name);
 }
 
 StatusOr<std::string> TransferEngine::Impl::SegmentNameOf(SegmentHandle h) const {
@@ -331,15 +365,6 @@ StatusOr<std::string> TransferEngine::Impl::SegmentNameOf(SegmentHandle h) const
     return InvalidArgument("unknown segment handle " + std::to_string(h) + " (open the segment first)");
   }
   return handle_names_[h - 1];
-}
-
-Transport* TransferEngine::Impl::SelectTransport(const SegmentDescriptor& desc) const {
-  Transport* best = nullptr;
-  for (const auto& t : transports_) {
-    if (!t->CanReach(desc)) continue;
-    if (!best || t->capabilities().priority > best->capabilities().priority) best = t.get();
-  }
-  return best;
 }
 
 StatusOr<std::string> TransferEngine::Impl::HandleRpc(const RpcFrame& frame) {
@@ -368,7 +393,7 @@ StatusOr<std::string> TransferEngine::Impl::HandleRpc(const RpcFrame& frame) {
     case RpcType::kProbe:
       return std::string(R"({"status":"success"})");
     case RpcType::kConnection:
-      return Status(ErrorCode::kNotImplemented, "connection handshakes are for RDMA, which this engine does not run");
+      return methods_.Handle(frame.body, transports_.Names());
   }
   return InvalidArgument("unknown RPC type");
 }
@@ -413,6 +438,8 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
     RegionPin pin;
     std::shared_ptr<const SegmentDescriptor> desc;
     Transport* transport;
+    std::string segment;
+    MemoryKind remote_kind;
   };
   std::vector<Plan> plans;
   plans.reserve(requests.size());
@@ -438,21 +465,37 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
                           ") is not inside any buffer segment '" + *name + "' registered");
       }
     }
-    Transport* transport = SelectTransport(**desc);
+    const BufferDescriptor* target = (*desc)->FindBuffer(r.target_address, r.length == 0 ? 1 : r.length);
+    MemoryKind remote_kind = RemoteKind(*target);
+    Transport* transport = transports_.Select(**desc, *pin, remote_kind);
     if (!transport) {
-      return Status(ErrorCode::kNotImplemented, "no installed transport can reach segment '" + *name +
-                                                    "' (protocol " + (*desc)->protocol + ")");
+      return Status(ErrorCode::kNotImplemented,
+                    "no installed transport (" + transports_.Names() + ") moves " + pin->kind.ToString() + " memory to " +
+                        remote_kind.ToString() + " memory of segment '" + *name + "' (protocol " +
+                        (*desc)->protocol + ")");
     }
     if (notify_target.empty()) notify_target = *name;
-    plans.push_back({&r, std::move(pin), std::move(desc.value()), transport});
+    plans.push_back({&r, std::move(pin), std::move(desc.value()), transport, *name, remote_kind});
+  }
+  if (!b.retry_hook()) {
+    SliceRetrier* retrier = retrier_.get();
+    b.SetRetryHook([retrier](Slice* slice, const Status& st, SliceRetry retry) {
+      return retrier->OnFailure(slice, st, retry);
+    });
   }
   // Cut into slices and hand them to the transports, grouped per (transport, segment).
+  const auto now = std::chrono::steady_clock::now();
   std::map<std::pair<Transport*, const SegmentDescriptor*>, std::vector<Slice*>> groups;
   for (auto& p : plans) {
     auto task = b.AddTask();
     if (!task.ok()) return task.status();  // cannot happen: capacity checked above
     std::vector<Slice> slices = CutIntoSlices(p.req->opcode, static_cast<char*>(p.req->source),
                                               p.req->target_address, p.req->length, p.transport->slice_size());
+    for (auto& s : slices) {
+      s.tried_transports = transports_.Bit(p.transport);
+      s.handed_out = now;
+    }
+    (*task)->route = {std::move(p.segment), p.pin->kind, p.remote_kind};
     b.StartTask(*task, std::move(slices), std::move(p.pin));
     auto& group = groups[{p.transport, p.desc.get()}];
     for (auto& s : (*task)->slices()) group.push_back(&s);
@@ -501,21 +544,54 @@ const std::string& TransferEngine::segment_name() const { return impl_->segment_
 uint16_t TransferEngine::rpc_port() const { return impl_->rpc_.port(); }
 const EngineConfig& TransferEngine::config() const { return impl_->config_; }
 
+Status TransferEngine::Impl::RegisterRegion(MemoryRegion region) {
+  MC_RETURN_IF_ERROR(memory_.CheckRange(region.start, region.length));
+  // The location names the kind when it is a device ("cuda:0"); else the platform layer knows the pointer.
+  auto named = MemoryKind::Parse(region.location.empty() ? "*" : region.location);
+  if (!named.ok()) {
+    return InvalidArgument("location '" + region.location + "' names no memory kind (" + named.status().message() + ")");
+  }
+  region.kind = named->is_device() ? *named : PlatformRegistry::Get().Classify(reinterpret_cast<void*>(region.start));
+  MC_RETURN_IF_ERROR(transports_.Register(region));
+  Status st = memory_.Register(region);
+  if (!st.ok()) transports_.Unregister(region);
+  return st;
+}
+
+Status TransferEngine::Impl::UnregisterRegion(uint64_t addr) {
+  MemoryRegion removed;
+  Status st = memory_.Unregister(
+      addr, config_.transfer_timeout,
+      [this](const MemoryRegion& r) { transports_.Withdraw(r); }, &removed);
+  if (!st.ok()) return st;
+  transports_.Unregister(removed);
+  return Status::Ok();
+}
+
 Status TransferEngine::RegisterMemory(void* addr, size_t length, const std::string& location, bool remote_accessible) {
   auto a = reinterpret_cast<uint64_t>(addr);
-  MC_RETURN_IF_ERROR(impl_->memory_.Register(a, length, location, remote_accessible));
+  MemoryRegion region;
+  region.start = a;
+  region.length = length;
+  region.location = location.empty() ? "*" : location;
+  region.remote_accessible = remote_accessible;
+  MC_RETURN_IF_ERROR(impl_->RegisterRegion(std::move(region)));
   if (!remote_accessible) return Status::Ok();
   Status st = impl_->PublishLocal();
   if (!st.ok()) {
-    Status undo = impl_->memory_.Unregister(a, std::chrono::milliseconds(0));
+    Status undo = impl_->UnregisterRegion(a);
     (void)undo;
   }
   return st;
 }
 
 Status TransferEngine::UnregisterMemory(void* addr) {
-  MC_RETURN_IF_ERROR(impl_->memory_.Unregister(reinterpret_cast<uint64_t>(addr), impl_->config_.transfer_timeout));
+  MC_RETURN_IF_ERROR(impl_->UnregisterRegion(reinterpret_cast<uint64_t>(addr)));
   return impl_->PublishLocal();
+}
+
+std::vector<std::string> TransferEngine::InstalledTransports() const {
+  return impl_->transports_.List();
 }
 
 bool TransferEngine::IsRegistered(const void* addr, size_t length) const {
@@ -529,12 +605,44 @@ std::vector<BufferInfo> TransferEngine::LocalBuffers() const {
 }
 
 StatusOr<void*> TransferEngine::AllocateManaged(size_t length) {
+  // The preferred transport may want its own memory (cxl: a range of the shared device); else the engine's.
+  if (Transport* t = length > 0 ? impl_->transports_.preferred() : nullptr) {
+    auto own = t->AllocateManaged(length);
+    if (own.ok()) {
+      Status st = RegisterMemory(*own, length);
+      if (!st.ok()) {
+        Status undo = t->FreeManaged(*own, length);
+        (void)undo;
+        return st;
+      }
+      std::lock_guard lock(impl_->transport_managed_mu_);
+      impl_->transport_managed_[reinterpret_cast<uint64_t>(*own)] = length;
+      return own;
+    }
+    if (own.status().code() != ErrorCode::kNotImplemented) return own.status();
+  }
   auto p = impl_->managed_->Allocate(length);
   if (p.ok()) MC_RETURN_IF_ERROR(impl_->PublishLocal());
   return p;
 }
 
 Status TransferEngine::FreeManaged(void* addr, size_t length) {
+  {
+    std::unique_lock lock(impl_->transport_managed_mu_);
+    auto it = impl_->transport_managed_.find(reinterpret_cast<uint64_t>(addr));
+    if (it != impl_->transport_managed_.end()) {
+      if (it->second != length) {
+        return InvalidArgument("free_managed_buffer: length " + std::to_string(length) + " is not the " +
+                               std::to_string(it->second) + " bytes allocated");
+      }
+      lock.unlock();
+      MC_RETURN_IF_ERROR(UnregisterMemory(addr));
+      lock.lock();
+      impl_->transport_managed_.erase(reinterpret_cast<uint64_t>(addr));
+      lock.unlock();
+      return impl_->transports_.preferred()->FreeManaged(addr, length);
+    }
+  }
   MC_RETURN_IF_ERROR(impl_->managed_->Free(addr, length));
   return impl_->PublishLocal();
 }
@@ -679,7 +787,7 @@ Status TransferEngine::Probe(const std::string& segment, std::chrono::millisecon
 
 std::string TransferEngine::StatsJson() const {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& t : impl_->transports_) j[t->name()] = t->Stats();
+  impl_->transports_.AddStats(j);
   auto n = impl_->notifications_.counters();
   j["notifications"] = {{"queued", n.queued},   {"queued_bytes", n.queued_bytes},
                         {"dropped", n.dropped}, {"dropped_bytes", n.dropped_bytes},
@@ -689,10 +797,6 @@ std::string TransferEngine::StatsJson() const {
   j["listeners"]["rpc"] = {{"port", impl_->rpc_.port()}, {"open", r.open},           {"accepted", r.accepted},
                            {"served", r.served},         {"timed_out", r.timed_out}, {"evicted", r.evicted},
                            {"malformed", r.malformed}};
-  for (const auto& t : impl_->transports_) {
-    auto l = t->ListenerStats();
-    if (!l.is_null()) j["listeners"][t->name()] = std::move(l);
-  }
   return j.dump();
 }
 

@@ -1,8 +1,5 @@
 #include "transfer_engine/core/memory_registry.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <mutex>
 #include <sstream>
@@ -12,35 +9,25 @@
 #include "transfer_engine/common/log.h"
 
 namespace mooncake::te {
-MemoryRegistry::MemoryRegistry() {
-  epoch_ = &fallback_epoch_;
-  int fd = memfd_create("mooncake-epoch", MFD_CLOEXEC);
-  if (fd < 0) return;
-  void* p = MAP_FAILED;
-  if (ftruncate(fd, 4096) == 0) p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    close(fd);
-    return;
+const MemoryRegion::TransportEntry* MemoryRegion::transport(const std::string& name) const {
+  for (const auto& e : transports) {
+    if (e.transport == name) return &e;
   }
-  epoch_fd_ = fd;
-  epoch_ = new (p) std::atomic<uint64_t>(0);
+  return nullptr;
 }
 
-MemoryRegistry::~MemoryRegistry() {
-  if (epoch_fd_ >= 0) {
-    munmap(reinterpret_cast<void*>(epoch_), 4096);
-    close(epoch_fd_);
-  }
+MemoryRegistry::MemoryRegistry() = default;
+MemoryRegistry::~MemoryRegistry() = default;
+
+Status MemoryRegistry::CheckRange(uint64_t addr, uint64_t length) const {
+  std::shared_lock lock(mu_);
+  return CheckRangeLocked(addr, length);
 }
 
-uint64_t MemoryRegistry::epoch() const { return epoch_->load(std::memory_order_acquire); }
-
-Status MemoryRegistry::Register(uint64_t addr, uint64_t length, std::string location, bool remote_accessible,
-                                int shm_fd, uint64_t shm_offset) {
+Status MemoryRegistry::CheckRangeLocked(uint64_t addr, uint64_t length) const {
   if (addr == 0) return InvalidArgument("cannot register a null address");
   if (length == 0) return InvalidArgument("cannot register zero bytes at " + Hex(addr));
   if (addr + length < addr) return InvalidArgument("range at " + Hex(addr) + " wraps around the address space");
-  std::unique_lock lock(mu_);
   auto next = by_start_.lower_bound(addr);
   bool overlaps = next != by_start_.end() && next->second->start < addr + length;
   if (!overlaps && next != by_start_.begin()) overlaps = std::prev(next)->second->end() > addr;
@@ -48,19 +35,22 @@ Status MemoryRegistry::Register(uint64_t addr, uint64_t length, std::string loca
     return Status(ErrorCode::kAddressOverlapped,
                   "range [" + Hex(addr) + ", +" + std::to_string(length) + ") overlaps a registered range");
   }
-  auto region = std::make_shared<MemoryRegion>();
-  region->start = addr;
-  region->length = length;
-  region->location = location.empty() ? "*" : std::move(location);
-  region->remote_accessible = remote_accessible;
-  region->shm_fd = shm_fd;
-  region->shm_offset = shm_offset;
-  by_start_.emplace(addr, std::move(region));
+  return Status::Ok();
+}
+
+Status MemoryRegistry::Register(MemoryRegion region) {
+  std::unique_lock lock(mu_);
+  MC_RETURN_IF_ERROR(CheckRangeLocked(region.start, region.length));
+  if (region.location.empty()) region.location = "*";
+  uint64_t addr = region.start;
+  by_start_.emplace(addr, std::make_shared<MemoryRegion>(std::move(region)));
   order_.push_back(addr);
   return Status::Ok();
 }
 
-Status MemoryRegistry::Unregister(uint64_t addr, std::chrono::milliseconds drain_timeout) {
+Status MemoryRegistry::Unregister(uint64_t addr, std::chrono::milliseconds drain_timeout,
+                                  const std::function<void(const MemoryRegion&)>& on_withdrawn,
+                                  MemoryRegion* removed) {
   std::shared_ptr<MemoryRegion> region;
   {
     std::unique_lock lock(mu_);
@@ -71,8 +61,9 @@ Status MemoryRegistry::Unregister(uint64_t addr, std::chrono::milliseconds drain
     region = std::move(it->second);
     by_start_.erase(it);
     order_.erase(std::find(order_.begin(), order_.end(), addr));
-    epoch_->fetch_add(1, std::memory_order_acq_rel);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
+  if (on_withdrawn) on_withdrawn(*region);
   auto deadline = std::chrono::steady_clock::now() + drain_timeout;
   while (region.use_count() > 1) {
     if (std::chrono::steady_clock::now() > deadline) {
@@ -82,6 +73,7 @@ Status MemoryRegistry::Unregister(uint64_t addr, std::chrono::milliseconds drain
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  if (removed) *removed = *region;
   return Status::Ok();
 }
 

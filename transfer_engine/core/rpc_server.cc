@@ -266,7 +266,8 @@ void RpcServer::Reply(Conn& c) {
   }
   RpcFrame out;
   out.type = request.type;
-  out.body = reply.ok() ? *reply : nlohmann::json{{"error", reply.status().ToString()}}.dump();
+  out.body = reply.ok() ? *reply
+                       : nlohmann::json{{"error", reply.status().ToString()}, {"code", static_cast<int>(reply.status().code())}}.dump();
   c.out = EncodeRpcFrame(out);
   c.phase = Conn::Phase::kWrite;
   served_.fetch_add(1, std::memory_order_relaxed);

@@ -2,6 +2,29 @@
 
 namespace mooncake::te {
 
+std::optional<uint64_t> JsonUint(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return std::nullopt;
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  if (!it->is_number_unsigned() && it->get<int64_t>() < 0) return std::nullopt;
+  return it->get<uint64_t>();
+}
+
+std::optional<int64_t> JsonInt(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return std::nullopt;
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  return it->get<int64_t>();
+}
+
+std::optional<std::string> JsonString(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return std::nullopt;
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
 StatusOr<SegmentDescriptor> SegmentDescriptor::Parse(std::string_view text) {
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   auto bad = [](const std::string& why) {
@@ -32,22 +55,16 @@ StatusOr<SegmentDescriptor> SegmentDescriptor::Parse(std::string_view text) {
       bd.addr = ba->get<uint64_t>();
       bd.length = bl->get<uint64_t>();
       if (bd.addr == 0 || bd.length == 0 || bd.addr + bd.length < bd.addr) return bad("buffer with bad range");
-      auto fd = b.find("shm_fd");
-      if (fd != b.end()) {
-        auto off = b.find("shm_offset");
-        if (!fd->is_number_integer() || off == b.end() || !off->is_number_unsigned()) return bad("bad shm fields");
-        bd.shm_fd = fd->get<int>();
-        bd.shm_offset = off->get<uint64_t>();
-      }
+      bd.json = b;
       d.buffers.push_back(std::move(bd));
     }
   }
-  // Fields the transports read with json::value(), which throws on a type mismatch.
-  for (const char* key : {"instance", "host_id", "tcp_data_ip"}) {
+  // The engine's own fields (read with json::value(), which throws on a type mismatch).
+  for (const char* key : {"instance", "host_id"}) {
     if (j.contains(key) && !j[key].is_string()) return bad(std::string(key) + " is not a string");
   }
-  for (const char* key : {"pid", "pid_start", "epoch", "epoch_fd", "tcp_data_port"}) {
-    if (j.contains(key) && !j[key].is_number()) return bad(std::string(key) + " is not a number");
+  for (const char* key : {"pid", "pid_start"}) {
+    if (j.contains(key) && !j[key].is_number_integer()) return bad(std::string(key) + " is not an integer");
   }
   d.json = std::move(j);
   return d;
@@ -59,11 +76,10 @@ std::string SegmentDescriptor::Serialize() const {
   j["protocol"] = protocol;
   nlohmann::json list = nlohmann::json::array();
   for (const auto& b : buffers) {
-    nlohmann::json jb = {{"name", b.name}, {"addr", b.addr}, {"length", b.length}};
-    if (b.shm_fd >= 0) {
-      jb["shm_fd"] = b.shm_fd;
-      jb["shm_offset"] = b.shm_offset;
-    }
+    nlohmann::json jb = b.json.is_object() ? b.json : nlohmann::json::object();
+    jb["name"] = b.name;
+    jb["addr"] = b.addr;
+    jb["length"] = b.length;
     list.push_back(std::move(jb));
   }
   j["buffers"] = std::move(list);

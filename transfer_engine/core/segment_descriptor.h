@@ -2,6 +2,7 @@
 #define MOONCAKE_TRANSFER_ENGINE_CORE_SEGMENT_DESCRIPTOR_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,16 +14,22 @@
 namespace mooncake::te {
 
 struct BufferDescriptor {
-  std::string name;  ///< the registration's location ("cpu:0", "*")
+  std::string name;  ///< the registration's location ("cpu:0", "cuda:0", "*")
   uint64_t addr = 0;
   uint64_t length = 0;
-  int shm_fd = -1;  ///< memfd of the owning process backing this buffer (-1: none), for same-host mapping
-  uint64_t shm_offset = 0;
+  /// The whole entry, transport fields included (e.g. rdma `rkey[]`, shm `shm_fd`); read them with Json*().
+  nlohmann::json json = nlohmann::json::object();
 };
 
+/// Typed reads of fields any peer may have written: nullopt when absent or of another type (never throws).
+std::optional<uint64_t> JsonUint(const nlohmann::json& j, const char* key);
+std::optional<int64_t> JsonInt(const nlohmann::json& j, const char* key);
+std::optional<std::string> JsonString(const nlohmann::json& j, const char* key);
+
 /// What a segment publishes about itself (Mooncake's JSON shape, reference §1.6): `name`, `protocol`,
-/// `buffers: [{name, addr, length}]`, `timestamp`, plus transport-owned fields (e.g. `tcp_data_port`), which
-/// are kept in `json` for the transports to read.
+/// `buffers: [{name, addr, length, ...}]`, `timestamp`, the engine's `pid`, `pid_start`, `host_id`, `instance`,
+/// plus transport-owned fields at the top level and in each buffer, kept in `json` (and BufferDescriptor::json)
+/// for the transports to read and validate.
 class SegmentDescriptor {
  public:
   std::string name;
@@ -31,7 +38,8 @@ class SegmentDescriptor {
   nlohmann::json json;                    ///< the whole document, transport fields included
 
   /// Validates: an object with a non-empty name and protocol; each buffer with a name and non-zero addr and
-  /// length ("Corrupted segment descriptor" otherwise). kMalformedJson on any problem.
+  /// length; the engine's own fields of the right types ("corrupted segment descriptor" otherwise).
+  /// kMalformedJson on any problem. Transport fields are the transports' to check.
   static StatusOr<SegmentDescriptor> Parse(std::string_view text);
   std::string Serialize() const;
 

@@ -1,9 +1,15 @@
 #ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TRANSPORT_H_
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TRANSPORT_H_
 
+// Transport SDK v1: what a transport plugin implements and what the engine lends it. See README.md beside this
+// file for how to add a transport.
+
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -13,22 +19,78 @@
 #include "transfer_engine/core/batch.h"
 #include "transfer_engine/core/memory_registry.h"
 #include "transfer_engine/core/segment_descriptor.h"
+#include "transfer_engine/platform/platform.h"
+#include "transfer_engine/transport/options.h"
 
 namespace mooncake::te {
 
-/// What a transport can do; the engine chooses among installed transports by asking these, never by name.
-struct TransportCapabilities {
-  bool remote_hosts = false;   ///< reaches segments on other hosts
-  bool same_host = false;      ///< reaches segments of other processes on this host
-  bool host_memory = true;     ///< moves CPU memory
-  bool device_memory = false;  ///< moves accelerator memory directly
-  int priority = 0;            ///< higher wins when several can reach a segment
+/// How a transport interprets TransferRequest::target_address.
+enum class AddressMode : uint8_t {
+  kVirtual = 0,  ///< an absolute virtual address inside a buffer the peer published (tcp, shm, rdma, efa)
+  kOffset = 1,   ///< an offset into a device or file the buffer is a range of (cxl, nvmeof)
 };
 
-/// What the engine lends a transport. Outlives the transport.
+/// What a transport can do; the engine chooses among installed transports by asking these, never by name.
+struct TransportCapabilities {
+  bool remote_hosts = false;  ///< reaches segments on other hosts
+  bool same_host = false;     ///< reaches segments of other processes on this host
+  /// The (local memory, remote memory) pairs it moves; empty means {(host, host)}.
+  std::vector<std::pair<MemoryType, MemoryType>> memory;
+  /// Order of choice when several can do a request: same-host-only transports first (no network: the best
+  /// path whenever they reach the peer), by priority; then the preferred protocol; then other network
+  /// transports by priority.
+  int priority = 0;
+  AddressMode addressing = AddressMode::kVirtual;
+
+  bool Moves(MemoryType local, MemoryType remote) const {
+    if (memory.empty()) return local == MemoryType::kHost && remote == MemoryType::kHost;
+    for (const auto& [l, r] : memory) {
+      if (l == local && r == remote) return true;
+    }
+    return false;
+  }
+};
+
+/// A transport's answer to a registration.
+struct RegionRegistration {
+  /// Merged into this region's entry of the descriptor's `buffers` (e.g. rdma `lkey[]`/`rkey[]`, shm `shm_fd`).
+  nlohmann::json descriptor_fields = nlohmann::json::object();
+  std::shared_ptr<TransportRegionState> state;  ///< may be null
+  /// The transport will not move this region (a GPU-IPC transport given host memory): the registration
+  /// still succeeds, and the engine never selects this transport for requests from or to it.
+  bool declined = false;
+  std::string why_declined;
+};
+
+/// Services the engine offers its transports (implemented by the engine; outlives the transports).
+/// Thread-safe.
+class TransportHost {
+ public:
+  /// Handles one request of a transport-defined method; returns the reply payload. Runs on the engine's RPC
+  /// thread: it must be quick and must not call CallPeer. Requests may be repeated (a caller retries after a
+  /// lost reply), so handlers must be idempotent.
+  using MethodHandler = std::function<StatusOr<std::string>(const std::string& payload)>;
+
+  virtual ~TransportHost() = default;
+  /// Serves `method` ("<transport>.<name>", e.g. "rdma.connect") on the engine's RPC port. Called in Start.
+  /// kAddressOverlapped when the method already exists.
+  virtual Status RegisterMethod(const std::string& method, MethodHandler handler) = 0;
+  /// Calls `method` on the engine serving segment `segment`: the reply payload, or the peer's error (its
+  /// message kept; kNotImplemented when the peer does not serve the method). Bounded by the handshake
+  /// timeout; a connection-oriented transport sends "<t>.connect" then "<t>.ready" once its end is up.
+  virtual StatusOr<std::string> CallPeer(const std::string& segment, const std::string& method,
+                                         const std::string& payload) = 0;
+  /// Republishes this engine's descriptor (the transport's Describe output changed).
+  virtual Status Republish() = 0;
+};
+
+/// What the engine lends a transport in Start. Pointers outlive the transport.
 struct TransportContext {
-  const EngineConfig* config = nullptr;
-  MemoryRegistry* memory = nullptr;  ///< local registrations; the authority for what peers may touch
+  const EngineConfig* config = nullptr;  ///< engine-wide settings (timeouts, retry count, topology file)
+  TransportOptions options;              ///< this transport's own settings (options map, then MC_* variables)
+  MemoryRegistry* memory = nullptr;      ///< local registrations; the authority for what peers may touch
+  PlatformRegistry* platforms = nullptr;
+  TransportHost* host = nullptr;
   std::string local_segment_name;
   std::string advertised_ip;  ///< the address peers should use to reach this host
   std::string host_id;        ///< LocalHostId(): equal on peers that share this kernel and namespaces
@@ -37,10 +99,10 @@ struct TransportContext {
 };
 
 /// A data path between registered memory of two engines. Implementations live in their own folder under
-/// transport/ and register with MC_REGISTER_TRANSPORT.
+/// transport/ and register with MC_REGISTER_TRANSPORT (see plugin/plugin.h for the loadable form).
 ///
-/// Threading: every method may be called from any thread. Submit must not block on the network for long
-/// (it may do a bounded connect); completions are reported on the transport's own threads.
+/// Life cycle: Configure, Start, then any number of registrations and submissions from any thread, then Stop.
+/// Completions are reported on the transport's own threads (or the caller's, in SubmitAndDrive).
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -48,18 +110,36 @@ class Transport {
   virtual std::string name() const = 0;
   virtual TransportCapabilities capabilities() const = 0;
 
-  /// Starts listeners and threads. Called once, before anything else.
+  /// Reads this transport's settings before Start; an error fails the engine's initialisation when this
+  /// transport was asked for explicitly, else the transport is skipped.
+  virtual Status Configure(const TransportOptions& /*options*/) { return Status::Ok(); }
+  /// The address this transport wants peers to use (e.g. its bind address); empty: no preference.
+  virtual std::string advertised_address() const { return ""; }
+
+  /// Starts listeners and threads, registers handshake methods. Called once, before anything below.
   virtual Status Start(const TransportContext& ctx) = 0;
   /// Stops threads and closes connections; slices still in flight complete with an error. Idempotent.
   virtual void Stop() = 0;
+
+  // --- memory registration hooks (every registration after Start, in order) ---
+  /// Called before a region becomes visible. An error fails the registration (and is undone in the
+  /// transports already asked); `declined` keeps the registration but excludes this transport.
+  virtual StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& /*region*/) {
+    return RegionRegistration{};
+  }
+  /// The region no longer accepts new transfers (peers must stop touching it); transfers already running
+  /// may still finish. Called before the engine waits for them.
+  virtual void WithdrawRegion(const MemoryRegion& /*region*/) {}
+  /// The region is gone and nothing uses it: release keys and handles.
+  virtual void UnregisterRegion(const MemoryRegion& /*region*/) {}
 
   /// Adds this transport's fields (how peers reach it) to the local segment descriptor.
   virtual void Describe(nlohmann::json& descriptor) const = 0;
   /// Whether the segment described by `peer` is reachable through this transport.
   virtual bool CanReach(const SegmentDescriptor& peer) const = 0;
 
-  /// Moves the slices to/from the peer. Every slice is completed exactly once (Slice::Complete), with an
-  /// error status when it could not be moved (unreachable peer, rejected address, timeout).
+  /// Moves the slices to/from the peer. Every slice is completed exactly once (Slice::Complete / Fail), with
+  /// an error when it could not be moved; a retriable error (SliceRetry) lets the engine move it again.
   virtual void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) = 0;
 
   /// As Submit, for a caller that will block until these slices are done: a transport may move them on the
@@ -69,8 +149,19 @@ class Transport {
     Submit(peer, slices);
   }
 
-  /// Drops cached connections to a peer (e.g. after its descriptor changed). Default: nothing cached.
+  /// Drops cached connections and mappings of a peer (e.g. after its descriptor changed).
   virtual void ForgetPeer(const std::string& /*segment_name*/) {}
+
+  // --- managed memory (allocate_managed_buffer), asked of the preferred transport only ---
+  /// Memory this transport wants transfers to target (cxl: a range carved from the shared device), not yet
+  /// registered: the engine registers it. kNotImplemented (the default): the engine's own allocator serves.
+  virtual StatusOr<void*> AllocateManaged(size_t /*length*/) {
+    return Status(ErrorCode::kNotImplemented, "no transport allocator");
+  }
+  /// Frees what AllocateManaged returned, after the engine unregistered it.
+  virtual Status FreeManaged(void* /*addr*/, size_t /*length*/) {
+    return Status(ErrorCode::kNotImplemented, "no transport allocator");
+  }
 
   /// Preferred slice size for this transport.
   virtual size_t slice_size() const = 0;
@@ -81,31 +172,49 @@ class Transport {
   virtual nlohmann::json ListenerStats() const { return nullptr; }
 };
 
-using TransportFactory = std::function<std::unique_ptr<Transport>()>;
+/// Whether a transport can run on this host, and why not.
+struct TransportProbe {
+  bool usable = true;
+  std::string reason;
+};
 
-/// Process-wide registry of transport plugins, filled by static registrars (link with alwayslink).
+/// One transport plugin as the registry knows it: linked in (alwayslink) or loaded from a .so.
+struct TransportPlugin {
+  std::string name;                    ///< the transport's name
+  std::vector<std::string> protocols;  ///< Mooncake protocol strings it serves ("rdma", "efa", ...)
+  /// When this environment variable is true, this transport is the only one installed (MC_FORCE_TCP).
+  std::string exclusive_env;
+  std::function<TransportProbe()> probe;  ///< null: always usable
+  std::function<std::unique_ptr<Transport>()> create;
+  std::string origin = "builtin";  ///< "builtin" or the .so path it was loaded from
+};
+
+/// Process-wide registry of transport plugins. Thread-safe.
 class TransportRegistry {
  public:
   static TransportRegistry& Get();
-  void Register(const std::string& name, TransportFactory factory);
-  std::unique_ptr<Transport> Create(const std::string& name) const;
+  /// kAddressOverlapped when a plugin of that name is already registered.
+  Status Register(TransportPlugin plugin);
+  /// The plugin serving `protocol` (its name or one of its protocols), or null.
+  const TransportPlugin* FindByProtocol(const std::string& protocol) const;
+  /// Registration order.
+  std::vector<TransportPlugin> All() const;
   std::vector<std::string> Names() const;
 
  private:
-  std::vector<std::pair<std::string, TransportFactory>> factories_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<TransportPlugin>> plugins_;
 };
 
 struct TransportRegistrar {
-  TransportRegistrar(const std::string& name, TransportFactory factory) {
-    TransportRegistry::Get().Register(name, std::move(factory));
-  }
+  explicit TransportRegistrar(TransportPlugin plugin);
 };
 
 }  // namespace mooncake::te
 
-#define MC_REGISTER_TRANSPORT(name, Type)                                         \
-  static ::mooncake::te::TransportRegistrar mc_transport_registrar_##Type(name, [] { \
-    return std::unique_ptr<::mooncake::te::Transport>(new Type());                \
-  })
+/// Registers `Type` (default-constructible Transport) under `name`, serving `name` as its protocol string.
+#define MC_REGISTER_TRANSPORT(name, Type)                                                           \
+  static ::mooncake::te::TransportRegistrar mc_transport_registrar_##Type(::mooncake::te::TransportPlugin{ \
+      name, {name}, "", nullptr, [] { return std::unique_ptr<::mooncake::te::Transport>(new Type()); }})
 
 #endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TRANSPORT_H_

@@ -40,9 +40,11 @@ struct PyTransferEngine : CompatEngine {
   }
 };
 
-/// Opaque handle to the C++ engine, for other native components (Store) to share one engine.
+/// Opaque handle to the C++ engine, for other components (the Store) to share one engine. It holds the Python
+/// engine it came from (`owner`), so the engine stays alive while a handle does.
 struct InnerTransferEngine {
   te::TransferEngine* engine = nullptr;
+  nb::object owner;
 };
 
 std::vector<uintptr_t> Addresses(const nb::sequence& objs, const std::vector<size_t>& lengths, bool writable) {
@@ -135,7 +137,9 @@ void RegisterEngine(nb::module_& m) {
       .def_rw("msg", &Notification::message)
       .def("__repr__", [](const Notification& n) { return "TransferNotify(name=" + n.name + ", msg=" + n.message + ")"; });
 
-  nb::class_<InnerTransferEngine>(m, "InnerTransferEngine");
+  nb::class_<InnerTransferEngine>(m, "InnerTransferEngine")
+      .def_prop_ro("owner", [](const InnerTransferEngine& h) { return h.owner; },
+                   "The TransferEngine this handle came from (its get_engine()).");
 
   nb::class_<CompatEngine>(m, "_EngineBase");
   auto engine = nb::class_<PyTransferEngine, CompatEngine>(m, "TransferEngine",
@@ -233,7 +237,7 @@ void RegisterEngine(nb::module_& m) {
            "`length` bytes copied from any readable address of this process. An unmapped or protected source\n"
            "raises ValueError.")
       .def("warmup_efa_segment", [](CompatEngine&, const std::string&) { return 0; }, "segment_name"_a)
-      .def("get_engine", [](CompatEngine& e) { return InnerTransferEngine{e.engine()}; })
+      .def("get_engine", [](CompatEngine& e) { return InnerTransferEngine{e.engine(), nb::find(&e)}; })
       .def("get_engine_ptr", [](CompatEngine& e) { return reinterpret_cast<uintptr_t>(e.engine()); });
 }
 

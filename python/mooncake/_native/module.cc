@@ -7,12 +7,17 @@ namespace mooncake::python {
 void RegisterEngine(nb::module_& m);
 void RegisterBench(nb::module_& m);
 void RegisterTopology(nb::module_& m);
+void RegisterPlugins(nb::module_& m);
+void RegisterPlatform(nb::module_& m);
 }  // namespace mooncake::python
 
 NB_MODULE(_native, m) {
   m.doc() = "Native core of mooncake (Transfer Engine bindings).";
   mooncake::python::RegisterEngine(m);
   mooncake::python::RegisterTopology(m);
+  mooncake::python::RegisterPlugins(m);
+  nb::module_ platform = m.def_submodule("platform", "The platform layer: accelerators, memory kinds, IPC, copies.");
+  mooncake::python::RegisterPlatform(platform);
   nb::module_ bench = m.def_submodule("bench", "Yardsticks for transfer_engine_bench (raw socket, memcpy).");
   mooncake::python::RegisterBench(bench);
   // Accelerator support compiled into this build (CPU-only wheel: all false).

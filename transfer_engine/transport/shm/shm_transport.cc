@@ -15,6 +15,7 @@
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
+#include "transfer_engine/plugin/plugin.h"
 
 namespace mooncake::te::shm {
 
@@ -35,6 +36,9 @@ namespace {
 #endif
 
 std::string PeerKey(const SegmentDescriptor& d) { return d.json.value("instance", d.name); }
+
+// The peer's registration epoch as its descriptor states it (0 when absent or malformed).
+uint64_t DescriptorEpoch(const SegmentDescriptor& d) { return JsonUint(d.json, "epoch").value_or(0); }
 
 // Fills a fresh mapping's page tables in the background, 32 MiB at a time, so copies into memory the peer has
 // already committed do not take a page fault per 4 KiB page (about 0.26 ms per MiB here, a third of the copy
@@ -85,30 +89,86 @@ TransportCapabilities ShmTransport::capabilities() const {
   TransportCapabilities c;
   c.remote_hosts = false;
   c.same_host = true;
-  c.host_memory = true;
+  c.memory = {{MemoryType::kHost, MemoryType::kHost}};
   c.priority = 10;
   return c;
+}
+
+class ShmTransport::EpochPage {
+ public:
+  EpochPage() {
+    int fd = memfd_create("mooncake-epoch", MFD_CLOEXEC);
+    if (fd < 0) return;
+    void* p = MAP_FAILED;
+    if (ftruncate(fd, 4096) == 0) p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      close(fd);
+      return;
+    }
+    fd_ = fd;
+    value_ = new (p) std::atomic<uint64_t>(0);
+  }
+  ~EpochPage() {
+    if (fd_ < 0) return;
+    munmap(reinterpret_cast<void*>(value_), 4096);
+    close(fd_);
+  }
+  int fd() const { return fd_; }
+  uint64_t value() const { return value_->load(std::memory_order_acquire); }
+  void Advance() { value_->fetch_add(1, std::memory_order_acq_rel); }
+
+ private:
+  int fd_ = -1;
+  std::atomic<uint64_t> fallback_{0};
+  std::atomic<uint64_t>* value_ = &fallback_;  // in the shared page (or fallback_ without memfd)
+};
+
+Status ShmTransport::Configure(const TransportOptions& o) {
+  threads_ = static_cast<int>(o.Int("threads", "MC_SHM_THREADS", 1, 1, 64));
+  slice_size_ = static_cast<size_t>(o.Int("slice_size", "MC_SHM_SLICE_SIZE", 64 << 20, 4096, 1LL << 40));
+  copy_threads_ = static_cast<int>(o.Int("copy_threads", "MC_SHM_COPY_THREADS", std::min(2, UsableCpus()), 1, 64));
+  return Status::Ok();
 }
 
 Status ShmTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
   pid_ = getpid();
-  int threads = 1;
-  if (const char* v = getenv("MC_SHM_THREADS")) threads = std::max(1, std::min(64, atoi(v)));
-  if (const char* v = getenv("MC_SHM_SLICE_SIZE")) {
-    long long s = atoll(v);
-    if (s >= 4096) slice_size_ = static_cast<size_t>(s);
-  }
-  int copy_threads = std::min(2, UsableCpus());
-  if (const char* v = getenv("MC_SHM_COPY_THREADS")) copy_threads = std::max(1, std::min(64, atoi(v)));
-  if (!copier_) copier_ = std::make_unique<ParallelCopier>(copy_threads);
-  workers_ = std::make_unique<WorkQueue>(threads);
+  epoch_ = std::make_unique<EpochPage>();
+  if (!copier_) copier_ = std::make_unique<ParallelCopier>(copy_threads_);
+  workers_ = std::make_unique<WorkQueue>(threads_);
   return Status::Ok();
+}
+
+StatusOr<RegionRegistration> ShmTransport::RegisterRegion(const MemoryRegion& region) {
+  RegionRegistration r;
+  if (region.kind.type != MemoryType::kHost) {
+    r.declined = true;
+    r.why_declined = "the same-host transport copies host memory only";
+    return r;
+  }
+  if (region.backing_fd >= 0) {
+    r.descriptor_fields["shm_fd"] = region.backing_fd;
+    r.descriptor_fields["shm_offset"] = region.backing_offset;
+  }
+  return r;
+}
+
+void ShmTransport::WithdrawRegion(const MemoryRegion&) {
+  if (epoch_) epoch_->Advance();
+}
+
+void ShmTransport::Describe(nlohmann::json& descriptor) const {
+  if (!epoch_) return;
+  descriptor["epoch"] = epoch_->value();
+  if (epoch_->fd() >= 0) descriptor["epoch_fd"] = epoch_->fd();
 }
 
 void ShmTransport::Stop() {
   if (workers_) workers_->Stop();  // the workers finish the queue first: every slice completes
   if (copier_) copier_->Stop();    // a synchronous copy still running finishes on its caller's thread
+  // Peers that mapped the epoch page (engines of this process included, which no process watch covers) see
+  // it move on: their cached descriptors are stale, and a refresh finds this engine gone.
+  if (epoch_) epoch_->Advance();
   std::lock_guard lock(mu_);
   peers_.clear();
 }
@@ -165,24 +225,26 @@ bool ShmTransport::CanReach(const SegmentDescriptor& peer) const {
 
 StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const SegmentDescriptor& desc,
                                                                          const BufferDescriptor& buf) {
-  const uint64_t epoch = desc.json.value("epoch", uint64_t{0});
+  const uint64_t epoch = DescriptorEpoch(desc);
+  const int shm_fd = static_cast<int>(JsonInt(buf.json, "shm_fd").value_or(-1));
+  const uint64_t shm_offset = JsonUint(buf.json, "shm_offset").value_or(0);
   {
     std::lock_guard lock(mu_);
     Peer& p = PeerFor(desc);
-    auto it = p.mappings.find(buf.shm_fd);
+    auto it = p.mappings.find(shm_fd);
     // A mapping made under another epoch may be of a memfd the peer has since freed (and whose number it
     // reused): map the descriptor's file afresh.
     if (it != p.mappings.end() && it->second->epoch == epoch &&
-        it->second->length >= buf.shm_offset + buf.length) {
+        it->second->length >= shm_offset + buf.length) {
       return it->second;
     }
   }
   int pid = desc.json.value("pid", 0);
-  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(buf.shm_fd);
+  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(shm_fd);
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Status(ErrorCode::kSocket, "open " + path + ": " + strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < buf.shm_offset + buf.length) {
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < shm_offset + buf.length) {
     close(fd);
     return Status(ErrorCode::kSocket, path + " is smaller than the buffer it should back");
   }
@@ -196,7 +258,7 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
   m->epoch = epoch;
   {
     std::lock_guard lock(mu_);
-    PeerFor(desc).mappings[buf.shm_fd] = m;
+    PeerFor(desc).mappings[shm_fd] = m;
   }
   PopulateInBackground(m, m->base, m->length);
   return m;
@@ -208,8 +270,9 @@ Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
   {
     std::lock_guard lock(mu_);
     Peer& p = PeerFor(desc);
-    if (!p.epoch && desc.json.contains("epoch_fd")) {
-      std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(desc.json.value("epoch_fd", -1));
+    auto epoch_fd = JsonInt(desc.json, "epoch_fd");
+    if (!p.epoch && epoch_fd && *epoch_fd >= 0) {
+      std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(*epoch_fd);
       int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd >= 0) {
         void* page = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
@@ -227,7 +290,7 @@ Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
   if (!epoch) {
     return Status(ErrorCode::kRemoteRejected, "cannot check the registrations of '" + desc.name + "'");
   }
-  if (epoch->load(std::memory_order_acquire) != desc.json.value("epoch", uint64_t{0})) {
+  if (epoch->load(std::memory_order_acquire) != DescriptorEpoch(desc)) {
     return Status(ErrorCode::kStaleMetadata, "'" + desc.name + "' unregistered memory since its descriptor was "
                                                  "fetched; refresh it and retry");
   }
@@ -286,12 +349,12 @@ Status ShmTransport::CopyToPeer(const SegmentDescriptor& desc, Slice* s) {
   if (pid == pid_) {  // another engine in this process: same address space
     return CopyInParts(desc, s, nullptr, MemcpyParts(s, reinterpret_cast<char*>(s->remote)));
   }
-  if (buf->shm_fd >= 0) {
+  if (JsonInt(buf->json, "shm_fd").value_or(-1) >= 0) {
     auto m = MapBuffer(desc, *buf);
     if (m.ok()) {
       // `m` keeps the mapping alive until every part is done.
-      return CopyInParts(desc, s, &Peer::mapped_copies,
-                         MemcpyParts(s, (*m)->base + buf->shm_offset + (s->remote - buf->addr)));
+      uint64_t offset = JsonUint(buf->json, "shm_offset").value_or(0);
+      return CopyInParts(desc, s, &Peer::mapped_copies, MemcpyParts(s, (*m)->base + offset + (s->remote - buf->addr)));
     }
     MC_LOG(kDebug) << "mapping a buffer of '" << desc.name << "' failed (" << m.status().message()
                    << "); using cross-memory attach";
@@ -314,7 +377,11 @@ void ShmTransport::Copy(const SegmentDescriptor& desc, const std::vector<Slice*>
         p.errors++;
       }
     }
-    s->Complete(st);
+    // A stale descriptor (memory unregistered since) or a peer that has exited: a fresh descriptor may
+    // show the range again, or the name's new owner.
+    bool stale = st.code() == ErrorCode::kStaleMetadata || st.code() == ErrorCode::kPeerUnreachable;
+    if (st.ok()) s->Complete(st);
+    else s->Fail(st, stale ? SliceRetry::kRefreshPeer : SliceRetry::kFinal);
   }
 }
 
@@ -352,6 +419,6 @@ nlohmann::json ShmTransport::Stats() const {
   return out;
 }
 
-MC_REGISTER_TRANSPORT("shm", ShmTransport);
+MC_TRANSPORT_PLUGIN("shm", ShmTransport, {"shm"}, "", nullptr);
 
 }  // namespace mooncake::te::shm

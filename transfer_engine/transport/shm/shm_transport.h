@@ -41,9 +41,16 @@ class ShmTransport : public Transport {
 
   std::string name() const override { return "shm"; }
   TransportCapabilities capabilities() const override;
+  Status Configure(const TransportOptions& options) override;
   Status Start(const TransportContext& ctx) override;
   void Stop() override;
-  void Describe(nlohmann::json&) const override {}
+  /// Host memory only (device memory is declined); a region backed by a file descriptor (a memfd) publishes
+  /// `shm_fd`/`shm_offset` so peers map it instead of attaching to it.
+  StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
+  /// Moves the registration epoch on (peers see it before their next copy).
+  void WithdrawRegion(const MemoryRegion& region) override;
+  /// `epoch` and `epoch_fd`: the registration epoch and the memfd of the page holding it.
+  void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
@@ -78,8 +85,15 @@ class ShmTransport : public Transport {
   Status CheckEpoch(const SegmentDescriptor& desc);
   StatusOr<std::shared_ptr<Mapping>> MapBuffer(const SegmentDescriptor& desc, const BufferDescriptor& buf);
 
+  /// A one-page memfd that same-host peers map read-only: the count of withdrawn registrations. A peer whose
+  /// cached descriptor carries an older epoch must refresh it before touching this process's memory.
+  class EpochPage;
+
   TransportContext ctx_;
+  std::unique_ptr<EpochPage> epoch_;
   size_t slice_size_ = 64 << 20;
+  int threads_ = 1;
+  int copy_threads_ = 2;
   int pid_ = 0;
   mutable std::mutex mu_;  // guards peers_
   mutable std::map<std::string, Peer> peers_;  // by peer instance id

@@ -26,7 +26,7 @@ size_t FrameBytes(const Slice* s) { return kRequestHeaderSize + (s->opcode == Op
 
 }  // namespace
 
-ClientLane::ClientLane(const EngineConfig& config, IoLoop* loop, Path* path, LaneOwner* owner)
+ClientLane::ClientLane(const TcpConfig& config, IoLoop* loop, Path* path, LaneOwner* owner)
     : config_(config), loop_(loop), path_(path), owner_(owner) {}
 
 ClientLane::~ClientLane() {
@@ -44,7 +44,7 @@ void ClientLane::Settle(Outcome& out) {
 }
 
 Status ClientLane::ConnectLocked() {
-  auto fd = net::Connect(path_->remote_ip, path_->port, config_.handshake_connect_timeout, path_->local_ip);
+  auto fd = net::Connect(path_->remote_ip, path_->port, config_.connect_timeout, path_->local_ip);
   if (!fd.ok()) return Status(ErrorCode::kPeerUnreachable, path_->label + ": " + fd.status().message());
   Status nonblocking = net::SetNonBlocking(*fd, true);
   if (!nonblocking.ok()) {
@@ -52,7 +52,7 @@ Status ClientLane::ConnectLocked() {
     return nonblocking;
   }
   // Let the kernel give up on a connection whose data goes unacknowledged (link down) as well.
-  unsigned int user_timeout = static_cast<unsigned int>(config_.tcp_stall_timeout.count());
+  unsigned int user_timeout = static_cast<unsigned int>(config_.stall_timeout.count());
   setsockopt(*fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
   fd_ = *fd;
   want_write_ = false;
@@ -128,12 +128,12 @@ bool ClientLane::TryDrive(const std::vector<Slice*>& slices) {
   // moved along too; the loop thread takes over whatever is left.
   while (fd_ >= 0 && !pending_.empty() && pending_.front().seq <= last_seq) {
     if (payload_left_ > 0 && pending_.front().slice->length >= kSpinMinSlice && send_index_ == pending_.size() &&
-        config_.tcp_recv_spin.count() > 0) {
+        config_.recv_spin.count() > 0) {
       // Receiving a large payload, nothing left to send: the rest is streaming in from a sender that is running
       // right now. Keep the core for a moment (MC_TCP_RECV_SPIN_US) rather than sleep in poll and pay a wake-up
       // (tens of microseconds in a VM) per burst of segments: 1 MiB reads on loopback gain about 1.3x. Small
       // payloads sleep at once (their sender may need this core); the spin ends at the first byte received.
-      auto until = std::chrono::steady_clock::now() + config_.tcp_recv_spin;
+      auto until = std::chrono::steady_clock::now() + config_.recv_spin;
       size_t before = payload_left_;
       while (fd_ >= 0 && payload_left_ == before && std::chrono::steady_clock::now() < until) ReadLocked(&out);
       if (fd_ < 0 || payload_left_ != before) continue;
@@ -144,9 +144,9 @@ bool ClientLane::TryDrive(const std::vector<Slice*>& slices) {
     lock.lock();
     if (fd_ < 0 || r < 0) break;
     if (r == 0) {
-      if (std::chrono::steady_clock::now() - last_progress_ >= config_.tcp_stall_timeout) {
+      if (std::chrono::steady_clock::now() - last_progress_ >= config_.stall_timeout) {
         CloseLocked(Status(ErrorCode::kTimeout, path_->label + " moved no data for " +
-                                                    std::to_string(config_.tcp_stall_timeout.count()) + " ms"),
+                                                    std::to_string(config_.stall_timeout.count()) + " ms"),
                     /*reroute=*/true, &out);
       }
       continue;
@@ -292,7 +292,7 @@ void ClientLane::ReadLocked(Outcome* out) {
       continue;
     }
     ResponseHeader h;
-    ParseResult r = DecodeResponse(rbuf_ + rstart_, rend_ - rstart_, config_.tcp_max_frame, &h);
+    ParseResult r = DecodeResponse(rbuf_ + rstart_, rend_ - rstart_, config_.max_frame, &h);
     if (r == ParseResult::kNeedMore) {
       if (rstart_ == rend_) rstart_ = rend_ = 0;
       if (sizeof(rbuf_) - rend_ < kResponseHeaderSize) {
@@ -355,9 +355,9 @@ void ClientLane::CheckTimeout(std::chrono::steady_clock::time_point now) {
   {
     std::lock_guard lock(mu_);
     if (fd_ < 0 || pending_.empty() || driving_) return;  // a driving caller checks for itself
-    if (now - last_progress_ < config_.tcp_stall_timeout) return;
+    if (now - last_progress_ < config_.stall_timeout) return;
     CloseLocked(Status(ErrorCode::kTimeout, path_->label + " moved no data for " +
-                                                std::to_string(config_.tcp_stall_timeout.count()) +
+                                                std::to_string(config_.stall_timeout.count()) +
                                                 " ms (MC_TCP_STALL_TIMEOUT_MS)"),
                 true, &out);
   }

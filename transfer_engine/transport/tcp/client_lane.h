@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "transfer_engine/common/config.h"
+#include "transfer_engine/transport/tcp/tcp_config.h"
 #include "transfer_engine/core/batch.h"
 #include "transfer_engine/transport/tcp/io_loop.h"
 #include "transfer_engine/transport/tcp/wire.h"
@@ -53,7 +53,7 @@ class LaneOwner {
 /// the state. Slices are completed, and the owner called, outside the mutex.
 class ClientLane : public EventHandler {
  public:
-  ClientLane(const EngineConfig& config, IoLoop* loop, Path* path, LaneOwner* owner);
+  ClientLane(const TcpConfig& config, IoLoop* loop, Path* path, LaneOwner* owner);
   ~ClientLane() override;
 
   /// Queues the slices; connects first if needed (bounded by the connect timeout).
@@ -98,7 +98,7 @@ class ClientLane : public EventHandler {
   void UpdateInterestLocked(bool want_write);
   void Settle(Outcome& out);
 
-  const EngineConfig& config_;
+  const TcpConfig& config_;
   IoLoop* loop_;
   Path* path_;
   LaneOwner* owner_;

@@ -71,7 +71,7 @@ class ClientLaneTest : public ::testing::Test {
   }
 
   int listen_fd_ = -1;
-  EngineConfig config_;
+  TcpConfig config_;
   IoLoop loop_{"lane-test"};
   Path path_;
   CountingOwner owner_;

@@ -103,8 +103,8 @@ bool ServerConnection::ReadRequests() {
       break;
     }
     if (write_left_ > 0) {
-      if (write_dst_ && memory_->epoch() != write_epoch_) {
-        write_epoch_ = memory_->epoch();
+      if (write_dst_ && memory_->generation() != write_generation_) {
+        write_generation_ = memory_->generation();
         if (memory_->Find(reinterpret_cast<uint64_t>(write_dst_), write_left_, /*remote=*/true) != write_pin_) {
           MC_LOG(kWarning) << "WRITE from " << peer_ << ": its destination was unregistered; discarding the rest";
           write_dst_ = nullptr;  // the rest is discarded and the WRITE rejected
@@ -163,11 +163,11 @@ bool ServerConnection::ReadRequests() {
     }
     rstart_ += kRequestHeaderSize;
     if (h.op != FrameOp::kWrite || h.length == 0) frame_start_ = std::chrono::steady_clock::now();  // complete
-    const uint64_t epoch = memory_->epoch();  // read before the lookup: a later unregistration changes it
+    const uint64_t generation = memory_->generation();  // read before the lookup: a later unregistration changes it
     RegionPin pin = memory_->Find(h.addr, h.length, /*remote=*/true);
     if (h.op == FrameOp::kWrite) {
       write_seq_ = h.seq;
-      write_epoch_ = epoch;
+      write_generation_ = generation;
       write_left_ = h.length;
       write_pin_ = pin;
       write_dst_ = pin ? reinterpret_cast<char*>(h.addr) : nullptr;
@@ -177,7 +177,7 @@ bool ServerConnection::ReadRequests() {
         write_pin_.reset();
       }
     } else if (pin) {
-      if (out_.empty()) read_epoch_ = epoch;
+      if (out_.empty()) read_generation_ = generation;
       QueueResponse(FrameStatus::kOk, h.seq, reinterpret_cast<const char*>(h.addr), h.length, std::move(pin));
     } else {
       MC_LOG(kDebug) << "rejected READ from " << peer_ << " outside registered memory";
@@ -188,8 +188,8 @@ bool ServerConnection::ReadRequests() {
 }
 
 bool ServerConnection::Flush() {
-  if (!out_.empty() && memory_->epoch() != read_epoch_) {
-    read_epoch_ = memory_->epoch();
+  if (!out_.empty() && memory_->generation() != read_generation_) {
+    read_generation_ = memory_->generation();
     for (const Out& o : out_) {
       if (!o.pin || o.payload_len == 0) continue;
       if (memory_->Find(reinterpret_cast<uint64_t>(o.payload), o.payload_len, /*remote=*/true) != o.pin) {

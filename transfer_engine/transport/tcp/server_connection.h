@@ -73,10 +73,10 @@ class ServerConnection : public EventHandler {
   uint64_t write_seq_ = 0;
   char* write_dst_ = nullptr;  // null while discarding a rejected payload
   RegionPin write_pin_;
-  // Registration epochs at which the WRITE destination / the queued READ sources were last known registered:
+  // Registry generations at which the WRITE destination / the queued READ sources were last known registered:
   // Unregister gives up waiting for pins after a timeout, so a stalled peer must not write or read them after.
-  uint64_t write_epoch_ = 0;
-  uint64_t read_epoch_ = 0;
+  uint64_t write_generation_ = 0;
+  uint64_t read_generation_ = 0;
   std::unique_ptr<char[]> discard_;
   std::deque<Out> out_;
   bool want_write_ = false;

@@ -11,6 +11,7 @@
 
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/common/net.h"
+#include "transfer_engine/plugin/plugin.h"
 
 namespace mooncake::te::tcp {
 
@@ -46,18 +47,24 @@ TransportCapabilities TcpTransport::capabilities() const {
   TransportCapabilities c;
   c.remote_hosts = true;
   c.same_host = true;
-  c.host_memory = true;
+  c.memory = {{MemoryType::kHost, MemoryType::kHost}};
   c.priority = 0;
   return c;
+}
+
+Status TcpTransport::Configure(const TransportOptions& options) {
+  tcp_ = TcpConfig::From(options);
+  return Status::Ok();
 }
 
 Status TcpTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
   config_ = ctx.config;
+  tcp_.connect_timeout = config_->handshake_connect_timeout;
   // Which local NICs carry data, and which addresses peers may use to reach us.
   data_ips_ = {ctx.advertised_ip};
   bool loopback = ctx.advertised_ip.rfind("127.", 0) == 0 || ctx.advertised_ip == "::1";
-  if (config_->tcp_bind_address.empty() && !loopback) {
+  if (tcp_.bind_address.empty() && !loopback) {
     auto nics = SelectNics(ctx.device_filter, config_->custom_topology_path);
     if (!nics.ok()) return nics.status();
     local_nics_ = std::move(nics.value());
@@ -65,14 +72,14 @@ Status TcpTransport::Start(const TransportContext& ctx) {
       if (std::find(data_ips_.begin(), data_ips_.end(), nic.ipv4) == data_ips_.end()) data_ips_.push_back(nic.ipv4);
     }
   }
-  std::string bind_ip = config_->tcp_bind_address.empty() ? "0.0.0.0" : config_->tcp_bind_address;
+  std::string bind_ip = tcp_.bind_address.empty() ? "0.0.0.0" : tcp_.bind_address;
   auto fd = net::Listen(bind_ip, 0, 1024);
   if (!fd.ok()) return fd.status();
   listen_fd_ = *fd;
   data_port_ = net::LocalPort(listen_fd_);
   MC_RETURN_IF_ERROR(net::SetNonBlocking(listen_fd_, true));
   max_server_conns_ = MaxServerConnections();
-  for (int i = 0; i < config_->tcp_io_threads; ++i) {
+  for (int i = 0; i < tcp_.io_threads; ++i) {
     loops_.push_back(std::make_unique<IoLoop>("mc-tcp-io" + std::to_string(i)));
   }
   for (size_t i = 0; i < loops_.size(); ++i) {
@@ -84,7 +91,7 @@ Status TcpTransport::Start(const TransportContext& ctx) {
   std::string ips;
   for (const auto& ip : data_ips_) ips += (ips.empty() ? "" : ", ") + ip;
   MC_LOG(kInfo) << "tcp transport: data port " << data_port_ << " on " << ips << " (" << loops_.size()
-                << " I/O threads, " << config_->tcp_lanes_per_peer << " connections per path)";
+                << " I/O threads, " << tcp_.lanes_per_peer << " connections per path)";
   return Status::Ok();
 }
 
@@ -205,7 +212,7 @@ void TcpTransport::OnAccept(int fd) {
       }
     }
     id = next_conn_id_++;
-    conn = new ServerConnection(fd, loop, ctx_.memory, config_->tcp_max_frame, [this, loop, id](ServerConnection* c) {
+    conn = new ServerConnection(fd, loop, ctx_.memory, tcp_.max_frame, [this, loop, id](ServerConnection* c) {
       {
         std::lock_guard lock(conns_mu_);
         auto it = conns_.find(id);
@@ -301,13 +308,13 @@ void TcpTransport::SampleRates(std::chrono::steady_clock::time_point now) {
 size_t TcpTransport::LaneWindow(const PeerPath& path) const {
   // About 25 ms of the path's measured rate, split over its lanes; between one slice and MC_TCP_LANE_WINDOW.
   double rate = path.rate.load(std::memory_order_relaxed);
-  if (rate <= 0) return config_->tcp_lane_window;
+  if (rate <= 0) return tcp_.lane_window;
   size_t w = static_cast<size_t>(rate * 0.025 / std::max<size_t>(1, path.lanes.size()));
-  return std::clamp(w, config_->tcp_slice_size, std::max(config_->tcp_slice_size, config_->tcp_lane_window));
+  return std::clamp(w, tcp_.slice_size, std::max(tcp_.slice_size, tcp_.lane_window));
 }
 
 void TcpTransport::ProbeLoop() {
-  auto next_probe = std::chrono::steady_clock::now() + config_->tcp_probe_interval;
+  auto next_probe = std::chrono::steady_clock::now() + tcp_.probe_interval;
   std::unique_lock lock(probe_mu_);
   while (!stopped_.load()) {
     probe_cv_.wait_until(lock, next_probe, [&] { return stopped_.load() || dispatch_pending_; });
@@ -326,7 +333,7 @@ void TcpTransport::ProbeLoop() {
       for (Peer* peer : peers) Dispatch(peer);
     }
     if (std::chrono::steady_clock::now() >= next_probe) {
-      next_probe = std::chrono::steady_clock::now() + config_->tcp_probe_interval;
+      next_probe = std::chrono::steady_clock::now() + tcp_.probe_interval;
       std::vector<PeerPath*> down;
       {
         std::lock_guard plock(peers_mu_);
@@ -420,9 +427,9 @@ TcpTransport::Peer* TcpTransport::GetPeer(const SegmentDescriptor& desc, Status*
     path->port = port;
     path->label = desc.name + " via " + (nic ? nic->name + " " + nic->ipv4 : std::string("default route")) + " -> " +
                   net::HostPort{ip, port}.ToString();
-    for (int i = 0; i < config_->tcp_lanes_per_peer; ++i) {
+    for (int i = 0; i < tcp_.lanes_per_peer; ++i) {
       IoLoop* l = loops_[loop++ % loops_.size()].get();
-      path->lanes.push_back(std::make_unique<ClientLane>(*config_, l, path.get(), static_cast<LaneOwner*>(this)));
+      path->lanes.push_back(std::make_unique<ClientLane>(tcp_, l, path.get(), static_cast<LaneOwner*>(this)));
     }
     peer->paths.push_back(std::move(path));
   }
@@ -489,8 +496,9 @@ void TcpTransport::Dispatch(Peer* peer) {
     queued.swap(peer->queue);
   }
   if (queued.empty()) return;
+  // Every path is down: the peer may have restarted elsewhere (a fresh descriptor then differs).
   Status st(ErrorCode::kPeerUnreachable, NoPathError(*peer));
-  for (Slice* s : queued) s->Complete(st);
+  for (Slice* s : queued) s->Fail(st, SliceRetry::kRefreshPeer);
 }
 
 void TcpTransport::OnLaneRoom(ClientLane* lane) { Refill(lane); }
@@ -503,7 +511,7 @@ void TcpTransport::MarkDown(PeerPath* path, const Status& why) {
   if (path->down.exchange(true)) return;
   MC_LOG(kWarning) << "path " << path->label << " is down (" << why.message()
                    << "); its transfers move to the other paths, and it is probed every "
-                   << config_->tcp_probe_interval.count() << " ms";
+                   << tcp_.probe_interval.count() << " ms";
   for (auto& lane : path->lanes) lane->Abort(why, /*reroute=*/true);  // siblings share the broken link
 }
 
@@ -518,8 +526,9 @@ void TcpTransport::OnLaneFailed(ClientLane* lane, std::vector<Slice*> slices, co
   std::vector<Slice*> retry;
   for (Slice* s : slices) {
     if (++s->attempts > static_cast<uint32_t>(config_->retry_count)) {
-      s->Complete(Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
-                                         " attempts, MC_RETRY_CNT)"));
+      s->Fail(Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
+                                     " attempts, MC_RETRY_CNT)"),
+              SliceRetry::kOtherPath);
     } else {
       retry.push_back(s);
     }
@@ -585,7 +594,7 @@ void TcpTransport::ForgetPeer(const std::string& segment_name) {
   }
 }
 
-size_t TcpTransport::slice_size() const { return config_ ? config_->tcp_slice_size : (1 << 20); }
+size_t TcpTransport::slice_size() const { return tcp_.slice_size; }
 
 nlohmann::json TcpTransport::ListenerStats() const {
   std::lock_guard lock(conns_mu_);
@@ -623,6 +632,6 @@ nlohmann::json TcpTransport::Stats() const {
   return out;
 }
 
-MC_REGISTER_TRANSPORT("tcp", TcpTransport);
+MC_TRANSPORT_PLUGIN("tcp", TcpTransport, {"tcp"}, "MC_FORCE_TCP", nullptr);
 
 }  // namespace mooncake::te::tcp

@@ -14,6 +14,7 @@
 #include "transfer_engine/core/topology.h"
 #include "transfer_engine/transport/tcp/client_lane.h"
 #include "transfer_engine/transport/tcp/io_loop.h"
+#include "transfer_engine/transport/tcp/tcp_config.h"
 #include "transfer_engine/transport/tcp/server_connection.h"
 #include "transfer_engine/transport/transport.h"
 
@@ -47,6 +48,8 @@ class TcpTransport : public Transport, private LaneOwner {
 
   std::string name() const override { return "tcp"; }
   TransportCapabilities capabilities() const override;
+  Status Configure(const TransportOptions& options) override;
+  std::string advertised_address() const override { return tcp_.bind_address; }
   Status Start(const TransportContext& ctx) override;
   void Stop() override;
   void Describe(nlohmann::json& descriptor) const override;
@@ -115,7 +118,8 @@ class TcpTransport : public Transport, private LaneOwner {
   static ClientLane* IdlestLane(Peer* peer);
 
   TransportContext ctx_;
-  const EngineConfig* config_ = nullptr;
+  const EngineConfig* config_ = nullptr;  // engine-wide: timeouts, retry count, topology file
+  TcpConfig tcp_;
   std::vector<NicInfo> local_nics_;     // empty: loopback-only / single address
   std::vector<std::string> data_ips_;   // advertised, first = ctx_.advertised_ip
   std::vector<std::unique_ptr<IoLoop>> loops_;

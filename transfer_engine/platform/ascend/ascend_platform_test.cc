@@ -1,0 +1,52 @@
+// What can be checked without the vendor runtime: the exact reason, the registration, and that every call
+// fails cleanly. (GpuPlatform's logic is tested on a fake runtime in //transfer_engine/platform/gpu.)
+#include "transfer_engine/platform/ascend/ascend_platform.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+namespace mooncake::te {
+namespace {
+
+TEST(AscendPlatformTest, WithoutTheRuntimeSaysExactlyWhy) {
+  auto p = MakeAscendPlatform();
+  EXPECT_EQ(p->name(), "ascend");
+  EXPECT_EQ(p->device_type(), MemoryType::kNpu);
+  PlatformProbe probe = p->Probe();
+  if (dlopen("libascendcl.so", RTLD_NOW | RTLD_LOCAL) != nullptr) {
+    GTEST_SKIP() << "libascendcl.so is installed: " << probe.reason;
+  }
+  EXPECT_FALSE(probe.usable);
+  EXPECT_EQ(probe.reason,
+            "libascendcl.so: not found (libascendcl.so: cannot open shared object file: No such file or directory)");
+  int x = 0;
+  EXPECT_FALSE(p->Classify(&x).has_value());
+  auto a = p->Allocate(4096, AllocationKind::kDevice, 0);
+  EXPECT_EQ(a.status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_NE(a.status().message().find("libascendcl.so: not found"), std::string::npos) << a.status().ToString();
+  EXPECT_EQ(p->Free(&x, 4, AllocationKind::kDevice).code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->ExportIpc(&x, 4).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->ImportIpc("x", getpid(), 4).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->CloseIpc(&x, 4).code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->CopyAsync(&x, &x, 4, 0).status().code(), ErrorCode::kDeviceNotFound);
+}
+
+TEST(AscendPlatformTest, ALibraryWithoutTheEntryPointsIsNamed) {
+  auto p = MakeAscendPlatform({"libmc-no-such-library.so", "libm.so.6"});
+  PlatformProbe probe = p->Probe();
+  EXPECT_FALSE(probe.usable);
+  EXPECT_EQ(probe.reason, "libm.so.6 has no aclInit");
+}
+
+TEST(AscendPlatformTest, IsRegisteredWhenLinkedIn) {
+  auto p = PlatformRegistry::Get().Find("ascend");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->device_type(), MemoryType::kNpu);
+  if (!p->Probe().usable) EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kNpu), nullptr);
+}
+
+}  // namespace
+}  // namespace mooncake::te

@@ -1,0 +1,106 @@
+#include "transfer_engine/platform/cuda/cuda_ipc_handle.h"
+
+#include <limits>
+#include <vector>
+
+namespace mooncake::te::cuda {
+namespace {
+
+constexpr std::string_view kPrefix = "mc-cuda-ipc:v1:";
+constexpr char kHex[] = "0123456789abcdef";
+
+bool ParseU64(std::string_view s, uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+bool ParseInt(std::string_view s, int* out) {
+  uint64_t v = 0;
+  if (!ParseU64(s, &v) || v > static_cast<uint64_t>(std::numeric_limits<int>::max())) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+Status Bad(std::string_view text, const std::string& why) {
+  return InvalidArgument("not a cuda IPC handle (" + why + "): \"" + std::string(text.substr(0, 200)) +
+                         (text.size() > 200 ? "...\"" : "\""));
+}
+
+std::vector<std::string_view> Split(std::string_view s) {
+  std::vector<std::string_view> out;
+  while (true) {
+    size_t colon = s.find(':');
+    out.push_back(s.substr(0, colon));
+    if (colon == std::string_view::npos) return out;
+    s = s.substr(colon + 1);
+  }
+}
+
+}  // namespace
+
+std::string CudaIpcHandle::Encode() const {
+  std::string out(kPrefix);
+  out += kind == Kind::kLegacy ? "legacy:" : "fd:";
+  out += std::to_string(pid) + ":" + std::to_string(device) + ":" + std::to_string(offset) + ":" +
+         std::to_string(length) + ":";
+  if (kind == Kind::kLegacy) {
+    for (uint8_t b : legacy) {
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    }
+  } else {
+    out += std::to_string(fd) + ":" + std::to_string(allocation_size);
+  }
+  return out;
+}
+
+StatusOr<CudaIpcHandle> CudaIpcHandle::Decode(std::string_view text) {
+  if (text.substr(0, kPrefix.size()) != kPrefix) return Bad(text, "wrong prefix");
+  std::vector<std::string_view> f = Split(text.substr(kPrefix.size()));
+  CudaIpcHandle h;
+  if (f[0] == "legacy") {
+    h.kind = Kind::kLegacy;
+    if (f.size() != 6) return Bad(text, "expected legacy:pid:device:offset:length:handle");
+  } else if (f[0] == "fd") {
+    h.kind = Kind::kPosixFd;
+    if (f.size() != 7) return Bad(text, "expected fd:pid:device:offset:length:fd:allocation_size");
+  } else {
+    return Bad(text, "unknown kind");
+  }
+  if (!ParseInt(f[1], &h.pid) || h.pid <= 0) return Bad(text, "bad pid");
+  if (!ParseInt(f[2], &h.device)) return Bad(text, "bad device");
+  if (!ParseU64(f[3], &h.offset)) return Bad(text, "bad offset");
+  if (!ParseU64(f[4], &h.length) || h.length == 0) return Bad(text, "bad length");
+  if (h.offset + h.length < h.offset) return Bad(text, "offset + length overflows");
+  if (h.kind == Kind::kLegacy) {
+    if (f[5].size() != 2 * h.legacy.size()) return Bad(text, "the handle must be 128 hex digits");
+    for (size_t i = 0; i < h.legacy.size(); ++i) {
+      int hi = HexValue(f[5][2 * i]), lo = HexValue(f[5][2 * i + 1]);
+      if (hi < 0 || lo < 0) return Bad(text, "the handle must be 128 hex digits");
+      h.legacy[i] = static_cast<uint8_t>(hi << 4 | lo);
+    }
+  } else {
+    if (!ParseInt(f[5], &h.fd)) return Bad(text, "bad fd");
+    if (!ParseU64(f[6], &h.allocation_size) || h.offset + h.length > h.allocation_size) {
+      return Bad(text, "the range must lie inside allocation_size");
+    }
+  }
+  return h;
+}
+
+}  // namespace mooncake::te::cuda

@@ -1,0 +1,568 @@
+#include "transfer_engine/platform/cuda/cuda_platform.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "transfer_engine/common/format.h"
+#include "transfer_engine/platform/cuda/cuda_driver.h"
+#include "transfer_engine/platform/cuda/cuda_ipc_handle.h"
+#include "transfer_engine/platform/util/remote_fd.h"
+#include "transfer_engine/plugin/plugin.h"
+
+namespace mooncake::te {
+namespace {
+
+using cuda::CudaIpcHandle;
+using cuda::Driver;
+
+std::string Addr(const void* p) { return Hex(reinterpret_cast<uintptr_t>(p)); }
+CUdeviceptr Dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
+void* Ptr(CUdeviceptr d) { return reinterpret_cast<void*>(static_cast<uintptr_t>(d)); }
+
+// One Allocate.
+struct Allocation {
+  AllocationKind kind;
+  size_t length;          // as asked for
+  int device;
+  size_t mapped = 0;      // kShareable: the granularity-aligned size reserved and mapped
+  CUmemGenericAllocationHandle vmm = 0;  // kShareable
+  int exported_fd = -1;   // kShareable: the fd ExportIpc handed out (kept until Free)
+};
+
+// One ImportIpc mapping, shared by the imports of the same exported allocation.
+struct Mapping {
+  CudaIpcHandle::Kind kind;
+  CUdeviceptr base = 0;   // the mapped allocation
+  size_t size = 0;        // kPosixFd: reserved and mapped bytes
+  CUmemGenericAllocationHandle vmm = 0;  // kPosixFd
+  int device = 0;
+  int refs = 0;
+};
+
+struct Import {
+  std::string key;  // of the Mapping
+  size_t length;
+  int refs;
+};
+
+class EventCompletion final : public CopyCompletion {
+ public:
+  EventCompletion(std::shared_ptr<const Driver> driver, CUcontext ctx, CUevent event)
+      : driver_(std::move(driver)), ctx_(ctx), event_(event) {}
+  ~EventCompletion() override {
+    driver_->api().cuCtxSetCurrent(ctx_);
+    driver_->api().cuEventDestroy(event_);
+  }
+
+  bool Done() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return true;
+    driver_->api().cuCtxSetCurrent(ctx_);
+    CUresult r = driver_->api().cuEventQuery(event_);
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    Finish(r);
+    return true;
+  }
+
+  Status Wait() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      driver_->api().cuCtxSetCurrent(ctx_);
+      Finish(driver_->api().cuEventSynchronize(event_));
+    }
+    return status_;
+  }
+
+ private:
+  void Finish(CUresult r) {
+    done_ = true;
+    status_ = driver_->Check(r, "cuda: the asynchronous copy", ErrorCode::kMemory);
+  }
+
+  std::shared_ptr<const Driver> driver_;
+  CUcontext ctx_;
+  CUevent event_;
+  std::mutex mu_;
+  bool done_ = false;
+  Status status_;
+};
+
+class CudaPlatform final : public Platform {
+ public:
+  CudaPlatform() : CudaPlatform(cuda::DefaultDriverSonames()) {}
+  explicit CudaPlatform(std::vector<std::string> sonames) : sonames_(std::move(sonames)) {}
+
+  std::string name() const override { return "cuda"; }
+  MemoryType device_type() const override { return MemoryType::kCuda; }
+
+  PlatformProbe Probe() override {
+    Init();
+    return probe_;
+  }
+
+  std::optional<MemoryKind> Classify(const void* ptr) override {
+    if (!Init().ok() || ptr == nullptr) return std::nullopt;
+    const auto& api = driver_->api();
+    CUcontext current = nullptr;
+    if (api.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr) {
+      if (!EnterDevice(0).ok()) return std::nullopt;
+    }
+    unsigned int memory_type = 0;
+    int ordinal = -1;
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void* data[] = {&memory_type, &ordinal};
+    if (api.cuPointerGetAttributes(2, attrs, data, Dptr(ptr)) != CUDA_SUCCESS) return std::nullopt;
+    if (memory_type == CU_MEMORYTYPE_DEVICE) return MemoryKind{MemoryType::kCuda, ordinal < 0 ? 0 : ordinal};
+    if (memory_type == CU_MEMORYTYPE_HOST) return MemoryKind{MemoryType::kHost, -1};
+    return std::nullopt;
+  }
+
+  StatusOr<void*> Allocate(size_t length, AllocationKind kind, int device) override {
+    MC_RETURN_IF_ERROR(Init());
+    if (length == 0) return InvalidArgument("cuda: cannot allocate 0 bytes");
+    if (kind == AllocationKind::kPinnedHost && device < 0) device = 0;
+    MC_RETURN_IF_ERROR(EnterDevice(device));
+    const auto& api = driver_->api();
+    Allocation a{kind, length, device};
+    void* ptr = nullptr;
+    if (kind == AllocationKind::kPinnedHost) {
+      MC_RETURN_IF_ERROR(Check(api.cuMemHostAlloc(&ptr, length, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+                               "cuMemHostAlloc(" + std::to_string(length) + ")", ErrorCode::kMemory));
+    } else if (kind == AllocationKind::kDevice) {
+      CUdeviceptr d = 0;
+      MC_RETURN_IF_ERROR(
+          Check(api.cuMemAlloc(&d, length), "cuMemAlloc(" + std::to_string(length) + ")", ErrorCode::kMemory));
+      ptr = Ptr(d);
+    } else {
+      StatusOr<void*> vmm = AllocateShareable(length, device, &a);
+      if (!vmm.ok()) return vmm.status();
+      ptr = *vmm;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    allocations_[reinterpret_cast<uintptr_t>(ptr)] = a;
+    return ptr;
+  }
+
+  Status Free(void* ptr, size_t length, AllocationKind kind) override {
+    MC_RETURN_IF_ERROR(Init());
+    Allocation a;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+      if (it == allocations_.end()) {
+        return InvalidArgument("cuda: " + Addr(ptr) + " was not allocated by this platform");
+      }
+      if (it->second.kind != kind || it->second.length != length) {
+        return InvalidArgument("cuda: free of " + Addr(ptr) + " with " + std::to_string(length) +
+                               " bytes / kind " + std::to_string(static_cast<int>(kind)) +
+                               " does not match its allocation (" + std::to_string(it->second.length) +
+                               " bytes / kind " + std::to_string(static_cast<int>(it->second.kind)) + ")");
+      }
+      a = it->second;
+      allocations_.erase(it);
+    }
+    MC_RETURN_IF_ERROR(EnterDevice(a.device));
+    const auto& api = driver_->api();
+    if (a.exported_fd >= 0) close(a.exported_fd);
+    if (kind == AllocationKind::kPinnedHost) return Check(api.cuMemFreeHost(ptr), "cuMemFreeHost");
+    if (kind == AllocationKind::kDevice) return Check(api.cuMemFree(Dptr(ptr)), "cuMemFree");
+    Status unmap = Check(api.cuMemUnmap(Dptr(ptr), a.mapped), "cuMemUnmap");
+    Status release = Check(api.cuMemRelease(a.vmm), "cuMemRelease");
+    Status address = Check(api.cuMemAddressFree(Dptr(ptr), a.mapped), "cuMemAddressFree");
+    return !unmap.ok() ? unmap : !release.ok() ? release : address;
+  }
+
+  StatusOr<std::string> ExportIpc(void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(Init());
+    if (ptr == nullptr || length == 0) return InvalidArgument("cuda: ExportIpc needs a non-null address and length");
+    const auto& api = driver_->api();
+    CudaIpcHandle h;
+    h.pid = getpid();
+    h.length = length;
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+    std::optional<Allocation> ours;
+    uintptr_t base = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto [start, a] = FindAllocation(addr);
+      if (a != nullptr) ours = *a;
+      base = start;
+    }
+    if (ours && ours->kind == AllocationKind::kPinnedHost) {
+      return Status(ErrorCode::kNotImplemented, "cuda: " + Addr(ptr) + " is pinned host memory, which has no "
+                                                "CUDA IPC handle (share it through the shm transport)");
+    }
+    if (ours && ours->kind == AllocationKind::kShareable) {
+      MC_RETURN_IF_ERROR(CheckInside(addr, length, base, ours->length));
+      StatusOr<int> fd = ExportedFd(base, *ours);
+      if (!fd.ok()) return fd.status();
+      h.kind = CudaIpcHandle::Kind::kPosixFd;
+      h.device = ours->device;
+      h.offset = addr - base;
+      h.fd = *fd;
+      h.allocation_size = ours->mapped;
+      return h.Encode();
+    }
+    // Any other device memory (ours from cuMemAlloc, or another library's): a legacy handle of its allocation.
+    std::optional<MemoryKind> kind = Classify(ptr);
+    if (!kind || kind->type != MemoryType::kCuda) {
+      return InvalidArgument("cuda: " + Addr(ptr) + " is not CUDA device memory");
+    }
+    MC_RETURN_IF_ERROR(EnterDevice(kind->device));
+    CUdeviceptr range_base = 0;
+    size_t size = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuMemGetAddressRange(&range_base, &size, Dptr(ptr)), "cuMemGetAddressRange",
+                             ErrorCode::kInvalidArgument));
+    MC_RETURN_IF_ERROR(CheckInside(addr, length, static_cast<uintptr_t>(range_base), size));
+    CUipcMemHandle ipc;
+    MC_RETURN_IF_ERROR(Check(api.cuIpcGetMemHandle(&ipc, range_base), "cuIpcGetMemHandle"));
+    static_assert(sizeof(ipc.reserved) == sizeof(h.legacy), "CUipcMemHandle is 64 bytes");
+    memcpy(h.legacy.data(), ipc.reserved, sizeof(ipc.reserved));
+    h.kind = CudaIpcHandle::Kind::kLegacy;
+    h.device = kind->device;
+    h.offset = addr - static_cast<uintptr_t>(range_base);
+    return h.Encode();
+  }
+
+  StatusOr<void*> ImportIpc(const std::string& handle, int owner_pid, size_t length) override {
+    MC_RETURN_IF_ERROR(Init());
+    StatusOr<CudaIpcHandle> h = CudaIpcHandle::Decode(handle);
+    if (!h.ok()) return h.status();
+    if (h->pid != owner_pid) {
+      return InvalidArgument("cuda: the handle was exported by process " + std::to_string(h->pid) + ", not by " +
+                             std::to_string(owner_pid));
+    }
+    if (length == 0 || length > h->length) {
+      return InvalidArgument("cuda: cannot import " + std::to_string(length) + " bytes of a handle for " +
+                             std::to_string(h->length));
+    }
+    if (h->pid == getpid()) {
+      return InvalidArgument("cuda: the handle was exported by this process; use the memory directly");
+    }
+    const int device = h->device < device_count_ ? h->device : 0;
+    // One mapping per exported allocation: the handle without its range.
+    CudaIpcHandle whole = *h;
+    whole.offset = 0;
+    whole.length = 1;
+    const std::string key = whole.Encode();
+
+    std::lock_guard<std::mutex> lock(import_mu_);
+    auto m = mappings_.find(key);
+    if (m == mappings_.end()) {
+      StatusOr<Mapping> mapped = Map(*h, device);
+      if (!mapped.ok()) return mapped.status();
+      m = mappings_.emplace(key, *mapped).first;
+    }
+    const uintptr_t local = static_cast<uintptr_t>(m->second.base) + h->offset;
+    auto it = imports_.find(local);
+    if (it != imports_.end()) {
+      if (it->second.key != key || it->second.length != length) {
+        return InvalidArgument("cuda: " + Hex(local) + " is already imported with another handle or length");
+      }
+      ++it->second.refs;
+    } else {
+      imports_[local] = Import{key, length, 1};
+    }
+    ++m->second.refs;
+    return reinterpret_cast<void*>(local);
+  }
+
+  Status CloseIpc(void* mapped, size_t length) override {
+    MC_RETURN_IF_ERROR(Init());
+    std::lock_guard<std::mutex> lock(import_mu_);
+    auto it = imports_.find(reinterpret_cast<uintptr_t>(mapped));
+    if (it == imports_.end()) return InvalidArgument("cuda: " + Addr(mapped) + " is not an address ImportIpc returned");
+    if (it->second.length != length) {
+      return InvalidArgument("cuda: CloseIpc of " + Addr(mapped) + " with " + std::to_string(length) +
+                             " bytes; it was imported with " + std::to_string(it->second.length));
+    }
+    auto m = mappings_.find(it->second.key);
+    if (--it->second.refs == 0) imports_.erase(it);
+    if (--m->second.refs > 0) return Status::Ok();
+    Mapping gone = m->second;
+    mappings_.erase(m);
+    return Unmap(gone);
+  }
+
+  StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device,
+                                                      void* user_stream) override {
+    MC_RETURN_IF_ERROR(Init());
+    if (length > 0 && (dst == nullptr || src == nullptr)) {
+      return InvalidArgument("cuda: copy of " + std::to_string(length) + " bytes with a null address");
+    }
+    if (device == -1) {
+      std::optional<MemoryKind> d = Classify(dst), s = Classify(src);
+      device = d && d->is_device() ? d->device : s && s->is_device() ? s->device : 0;
+    }
+    MC_RETURN_IF_ERROR(EnterDevice(device));
+    StatusOr<CUstream> stream = user_stream != nullptr ? StatusOr<CUstream>(static_cast<CUstream>(user_stream))
+                                                       : Stream(device);
+    if (!stream.ok()) return stream.status();
+    const auto& api = driver_->api();
+    if (length > 0) {
+      MC_RETURN_IF_ERROR(Check(api.cuMemcpyAsync(Dptr(dst), Dptr(src), length, *stream),
+                               "cuMemcpyAsync(" + Addr(dst) + " <- " + Addr(src) + ", " + std::to_string(length) + ")",
+                               ErrorCode::kInvalidArgument));
+    }
+    CUevent event = nullptr;
+    MC_RETURN_IF_ERROR(Check(api.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+    CUresult r = api.cuEventRecord(event, *stream);
+    if (r != CUDA_SUCCESS) {
+      api.cuEventDestroy(event);
+      return Check(r, "cuEventRecord");
+    }
+    return std::unique_ptr<CopyCompletion>(new EventCompletion(driver_, Context(device), event));
+  }
+
+ private:
+  // Loads the driver and counts devices once; ok when usable, else kDeviceNotFound with the reason.
+  Status Init() {
+    std::call_once(init_once_, [this] {
+      StatusOr<std::shared_ptr<const Driver>> loaded = Driver::Load(sonames_);
+      if (!loaded.ok()) {
+        probe_.reason = loaded.status().message();
+        return;
+      }
+      const auto& api = (*loaded)->api();
+      Status init = (*loaded)->Check(api.cuInit(0), "cuInit");
+      if (!init.ok()) {
+        probe_.reason = init.message();
+        return;
+      }
+      int version = 0;
+      api.cuDriverGetVersion(&version);
+      int count = 0;
+      Status counted = (*loaded)->Check(api.cuDeviceGetCount(&count), "cuDeviceGetCount");
+      if (!counted.ok()) {
+        probe_.reason = counted.message();
+        return;
+      }
+      const std::string driver =
+          "CUDA driver " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10) + " (" +
+          (*loaded)->soname() + ")";
+      if (count <= 0) {
+        probe_.reason = "no CUDA device (" + driver + ")";
+        return;
+      }
+      driver_ = *loaded;
+      device_count_ = count;
+      contexts_.assign(static_cast<size_t>(count), nullptr);
+      streams_.assign(static_cast<size_t>(count), nullptr);
+      probe_.usable = true;
+      probe_.device_count = count;
+      probe_.reason = driver + ", " + std::to_string(count) + " device(s)";
+    });
+    if (probe_.usable) return Status::Ok();
+    return Status(ErrorCode::kDeviceNotFound, "cuda platform unusable: " + probe_.reason);
+  }
+
+  Status Check(CUresult r, const std::string& what, ErrorCode code = ErrorCode::kContext) const {
+    return driver_->Check(r, "cuda: " + what, code);
+  }
+
+  // Makes `device`'s primary context current on this thread (retaining it the first time).
+  Status EnterDevice(int device) {
+    if (device < 0 || device >= device_count_) {
+      return Status(ErrorCode::kDeviceNotFound, "cuda: no device " + std::to_string(device) + " (this process has " +
+                                                    std::to_string(device_count_) + ")");
+    }
+    const auto& api = driver_->api();
+    CUcontext ctx;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ctx = contexts_[static_cast<size_t>(device)];
+      if (ctx == nullptr) {
+        CUdevice dev = 0;
+        MC_RETURN_IF_ERROR(Check(api.cuDeviceGet(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")"));
+        MC_RETURN_IF_ERROR(Check(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain"));
+        contexts_[static_cast<size_t>(device)] = ctx;
+      }
+    }
+    return Check(api.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  }
+
+  // The POSIX fd of shareable allocation `a` at `base`, exported the first time (kept until Free).
+  StatusOr<int> ExportedFd(uintptr_t base, const Allocation& a) {
+    if (a.exported_fd >= 0) return a.exported_fd;
+    MC_RETURN_IF_ERROR(EnterDevice(a.device));
+    int fd = -1;
+    MC_RETURN_IF_ERROR(Check(driver_->api().cuMemExportToShareableHandle(&fd, a.vmm,
+                                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                             "cuMemExportToShareableHandle"));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.find(base);
+    if (it == allocations_.end()) {  // freed meanwhile
+      close(fd);
+      return InvalidArgument("cuda: " + Hex(base) + " was freed during ExportIpc");
+    }
+    if (it->second.exported_fd >= 0) {  // another thread exported it first
+      close(fd);
+      return it->second.exported_fd;
+    }
+    it->second.exported_fd = fd;
+    return fd;
+  }
+
+  CUcontext Context(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return contexts_[static_cast<size_t>(device)];
+  }
+
+  // The platform's stream on `device` (created the first time; needs that device's context current).
+  StatusOr<CUstream> Stream(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CUstream& s = streams_[static_cast<size_t>(device)];
+    if (s == nullptr) {
+      MC_RETURN_IF_ERROR(Check(driver_->api().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
+    }
+    return s;
+  }
+
+  CUmemAllocationProp ShareableProp(int device) const {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return prop;
+  }
+
+  Status SetAccess(CUdeviceptr va, size_t size, int device) const {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return Check(driver_->api().cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess");
+  }
+
+  // Reserves `size` bytes of address space and maps `vmm` there for `device`; the address, or an error with
+  // everything undone except `vmm` (the caller's).
+  StatusOr<CUdeviceptr> MapVmm(CUmemGenericAllocationHandle vmm, size_t size, int device) {
+    const auto& api = driver_->api();
+    CUdeviceptr va = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuMemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve", ErrorCode::kMemory));
+    Status st = Check(api.cuMemMap(va, size, 0, vmm, 0), "cuMemMap", ErrorCode::kMemory);
+    if (!st.ok()) {
+      api.cuMemAddressFree(va, size);
+      return st;
+    }
+    st = SetAccess(va, size, device);
+    if (!st.ok()) {
+      api.cuMemUnmap(va, size);
+      api.cuMemAddressFree(va, size);
+      return st;
+    }
+    return va;
+  }
+
+  StatusOr<void*> AllocateShareable(size_t length, int device, Allocation* a) {
+    const auto& api = driver_->api();
+    CUmemAllocationProp prop = ShareableProp(device);
+    size_t granularity = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                             "cuMemGetAllocationGranularity"));
+    if (granularity == 0) granularity = 2 << 20;
+    const size_t size = platform_util::RoundUp(length, granularity);
+    if (size < length) return InvalidArgument("cuda: length " + std::to_string(length) + " too large");
+    CUmemGenericAllocationHandle vmm = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuMemCreate(&vmm, size, &prop, 0), "cuMemCreate(" + std::to_string(size) + ")",
+                             ErrorCode::kMemory));
+    StatusOr<CUdeviceptr> va = MapVmm(vmm, size, device);
+    if (!va.ok()) {
+      api.cuMemRelease(vmm);
+      return va.status();
+    }
+    a->mapped = size;
+    a->vmm = vmm;
+    return Ptr(*va);
+  }
+
+  StatusOr<Mapping> Map(const CudaIpcHandle& h, int device) {
+    MC_RETURN_IF_ERROR(EnterDevice(device));
+    const auto& api = driver_->api();
+    Mapping m;
+    m.kind = h.kind;
+    m.device = device;
+    if (h.kind == CudaIpcHandle::Kind::kLegacy) {
+      CUipcMemHandle ipc;
+      memcpy(ipc.reserved, h.legacy.data(), sizeof(ipc.reserved));
+      MC_RETURN_IF_ERROR(Check(api.cuIpcOpenMemHandle(&m.base, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                               "cuIpcOpenMemHandle", ErrorCode::kInvalidArgument));
+      return m;
+    }
+    StatusOr<int> fd = platform_util::DuplicateRemoteFd(h.pid, h.fd, "cuda");
+    if (!fd.ok()) return fd.status();
+    CUresult r = api.cuMemImportFromShareableHandle(&m.vmm, reinterpret_cast<void*>(static_cast<uintptr_t>(*fd)),
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(*fd);  // the imported handle holds the memory
+    MC_RETURN_IF_ERROR(Check(r, "cuMemImportFromShareableHandle", ErrorCode::kInvalidArgument));
+    StatusOr<CUdeviceptr> va = MapVmm(m.vmm, h.allocation_size, device);
+    if (!va.ok()) {
+      api.cuMemRelease(m.vmm);
+      return va.status();
+    }
+    m.base = *va;
+    m.size = h.allocation_size;
+    return m;
+  }
+
+  Status Unmap(const Mapping& m) {
+    MC_RETURN_IF_ERROR(EnterDevice(m.device));
+    const auto& api = driver_->api();
+    if (m.kind == CudaIpcHandle::Kind::kLegacy) return Check(api.cuIpcCloseMemHandle(m.base), "cuIpcCloseMemHandle");
+    Status unmap = Check(api.cuMemUnmap(m.base, m.size), "cuMemUnmap");
+    Status release = Check(api.cuMemRelease(m.vmm), "cuMemRelease");
+    Status address = Check(api.cuMemAddressFree(m.base, m.size), "cuMemAddressFree");
+    return !unmap.ok() ? unmap : !release.ok() ? release : address;
+  }
+
+  // The allocation containing `addr` and its start; {0, null} when none. Needs mu_.
+  std::pair<uintptr_t, Allocation*> FindAllocation(uintptr_t addr) {
+    auto it = allocations_.upper_bound(addr);
+    if (it == allocations_.begin()) return {0, nullptr};
+    --it;
+    if (addr - it->first >= it->second.length) return {0, nullptr};
+    return {it->first, &it->second};
+  }
+
+  static Status CheckInside(uintptr_t addr, size_t length, uintptr_t base, size_t size) {
+    if (addr < base || addr - base > size || length > size - (addr - base)) {
+      return InvalidArgument("cuda: " + Range(addr, length) + " runs past its allocation " + Range(base, size));
+    }
+    return Status::Ok();
+  }
+
+  const std::vector<std::string> sonames_;
+  std::once_flag init_once_;
+  PlatformProbe probe_;                    // written once by Init
+  std::shared_ptr<const Driver> driver_;   // set by Init when usable
+  int device_count_ = 0;                   // written once by Init
+
+  std::mutex mu_;  // allocations_, contexts_, streams_
+  std::map<uintptr_t, Allocation> allocations_;
+  std::vector<CUcontext> contexts_;
+  std::vector<CUstream> streams_;
+
+  std::mutex import_mu_;  // mappings_, imports_
+  std::map<std::string, Mapping> mappings_;  // handle of the whole allocation -> its mapping
+  std::map<uintptr_t, Import> imports_;      // address ImportIpc returned -> import
+};
+
+}  // namespace
+
+// Linked in: registered at start-up (unusable, with its reason, where there is no driver or GPU); as a .so: the
+// plugin entry point. Platform::Probe answers for it either way.
+MC_PLATFORM_PLUGIN("cuda", CudaPlatform, nullptr);
+
+std::shared_ptr<Platform> MakeCudaPlatform() { return std::make_shared<CudaPlatform>(); }
+
+std::shared_ptr<Platform> MakeCudaPlatform(std::vector<std::string> driver_sonames) {
+  return std::make_shared<CudaPlatform>(std::move(driver_sonames));
+}
+
+}  // namespace mooncake::te

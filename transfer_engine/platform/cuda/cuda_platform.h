@@ -1,0 +1,45 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_PLATFORM_CUDA_CUDA_PLATFORM_H_
+#define MOONCAKE_TRANSFER_ENGINE_PLATFORM_CUDA_CUDA_PLATFORM_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transfer_engine/platform/platform.h"
+
+namespace mooncake::te {
+
+/// The CUDA platform ("cuda", memory type kCuda) on the driver API, loaded at run time (cuda_driver.h): one
+/// build serves CUDA 12 and 13 drivers; nothing links libcuda or libcudart.
+///
+/// - Probe: loads the driver, cuInit, counts devices; the first call does the work, later calls return the
+///   same verdict. Unusable reasons are the exact cause ("libcuda.so.1: cannot open shared object file: No
+///   such file or directory", "cuInit failed: CUDA_ERROR_NO_DEVICE (100): ...", "no CUDA device").
+/// - Contexts: every call on device d makes d's primary context current on the calling thread (as
+///   cudaSetDevice does) and retains it for the life of the platform.
+/// - Classify: cuPointerGetAttributes: device memory (cuMemAlloc, VMM, IPC-mapped, other libraries' too) is
+///   "cuda:<ordinal>"; CUDA-pinned or registered host memory is host; anything else nullopt.
+/// - Allocate: kPinnedHost = cuMemHostAlloc (portable, mapped); kDevice = cuMemAlloc; kShareable = cuMemCreate
+///   (POSIX-fd handle type, rounded up to the allocation granularity) mapped and made accessible to `device`.
+///   Free takes only what Allocate returned, with the same length and kind.
+/// - ExportIpc: for kShareable allocations a POSIX-fd handle (the fd is exported once and kept until Free);
+///   for any other device memory (also memory this platform did not allocate) a legacy cuIpcGetMemHandle
+///   handle of the allocation containing the range (cuda_ipc_handle.h). Pinned host memory: kNotImplemented.
+/// - ImportIpc: maps a handle of another process on this host into the handle's device ordinal (device 0 when
+///   this process has fewer devices); importing the same legacy allocation again shares one mapping
+///   (reference-counted). A handle exported by this very process cannot be imported (CUDA refuses it).
+///   CloseIpc undoes one ImportIpc.
+/// - CopyAsync: cuMemcpyAsync, then an event, on `stream` (a CUstream of `device`'s primary context, e.g.
+///   torch's current stream; CU_STREAM_LEGACY / CU_STREAM_PER_THREAD name the default streams) or, when it is
+///   null, on a per-device stream of the platform; the completion queries / synchronises the event. `device` -1
+///   picks the device of whichever side is device memory (else 0); its primary context is made current first.
+/// Thread-safe. Allocations and imports still held when the platform is destroyed are not released (the
+/// driver may already be shutting down at exit).
+std::shared_ptr<Platform> MakeCudaPlatform();
+
+/// The same, loading the driver from `driver_sonames` (tried in order) instead of libcuda.so.1, libcuda.so.
+std::shared_ptr<Platform> MakeCudaPlatform(std::vector<std::string> driver_sonames);
+
+}  // namespace mooncake::te
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_PLATFORM_CUDA_CUDA_PLATFORM_H_

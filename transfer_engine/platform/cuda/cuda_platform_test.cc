@@ -1,0 +1,419 @@
+// The cuda platform: its verdict without a driver (this machine), and everything else against the FAKE driver
+// of testing/fake_driver.cc, which checks the platform's discipline (cuInit first, a current context, copies on
+// real streams of that context) the way the real driver would. Cross-process IPC runs this binary again as the importing child.
+#include "transfer_engine/platform/cuda/cuda_platform.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+namespace mooncake::te {
+namespace {
+
+std::string Runfile(const std::string& rel) {
+  char resolved[PATH_MAX];
+  if (realpath(rel.c_str(), resolved) != nullptr) return resolved;
+  const char* srcdir = getenv("TEST_SRCDIR");
+  return std::string(srcdir ? srcdir : ".") + "/mooncake_monorepo/" + rel;
+}
+
+std::string FakeDriver() { return Runfile("transfer_engine/platform/cuda/testing/libfake_cuda_driver.so"); }
+std::string FakeDriverV1() { return Runfile("transfer_engine/platform/cuda/testing/libfake_cuda_driver_v1.so"); }
+
+// --- the child process: imports MC_TEST_HANDLE of MC_TEST_PID, writes a pattern, closes ---------------------
+
+int ChildMain() {
+  const std::string handle = getenv("MC_TEST_HANDLE");
+  const int pid = atoi(getenv("MC_TEST_PID"));
+  const size_t length = strtoull(getenv("MC_TEST_LENGTH"), nullptr, 10);
+  const int pattern = atoi(getenv("MC_TEST_PATTERN"));
+  auto p = MakeCudaPlatform({FakeDriver()});
+  StatusOr<void*> mapped = p->ImportIpc(handle, pid, length);
+  if (!mapped.ok()) {
+    fprintf(stderr, "%s\n", mapped.status().ToString().c_str());
+    return 3;
+  }
+  StatusOr<void*> again = p->ImportIpc(handle, pid, length);  // the same mapping, counted twice
+  if (!again.ok() || *again != *mapped) {
+    fprintf(stderr, "second import: %s\n", again.ok() ? "another address" : again.status().ToString().c_str());
+    return 4;
+  }
+  std::optional<MemoryKind> kind = p->Classify(*mapped);
+  std::vector<unsigned char> src(length);
+  for (size_t i = 0; i < length; ++i) src[i] = static_cast<unsigned char>(pattern + i * 7);
+  auto copy = p->CopyAsync(*mapped, src.data(), length, -1);
+  if (!copy.ok() || !(*copy)->Wait().ok()) {
+    fprintf(stderr, "copy failed\n");
+    return 4;
+  }
+  Status c1 = p->CloseIpc(*mapped, length), c2 = p->CloseIpc(*mapped, length), c3 = p->CloseIpc(*mapped, length);
+  if (!c1.ok() || !c2.ok() || c3.ok()) {
+    fprintf(stderr, "close: %s / %s / %s\n", c1.ToString().c_str(), c2.ToString().c_str(), c3.ToString().c_str());
+    return 4;
+  }
+  printf("%s\n", kind ? kind->ToString().c_str() : "unclassified");
+  return 0;
+}
+
+const bool kIsChild = [] {
+  if (getenv("MC_TEST_HANDLE") == nullptr) return false;
+  const int rc = ChildMain();
+  fflush(stdout);
+  _exit(rc);
+}();
+
+struct ChildResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+ChildResult RunChild(const std::string& handle, int pid, size_t length, int pattern) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  env_strings.push_back("MC_TEST_HANDLE=" + handle);
+  env_strings.push_back("MC_TEST_PID=" + std::to_string(pid));
+  env_strings.push_back("MC_TEST_LENGTH=" + std::to_string(length));
+  env_strings.push_back("MC_TEST_PATTERN=" + std::to_string(pattern));
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  int pipefd[2];
+  EXPECT_EQ(pipe2(pipefd, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 2);
+  char self[] = "/proc/self/exe";
+  char* argv[] = {self, nullptr};
+  pid_t child = -1;
+  int rc = posix_spawn(&child, self, &actions, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipefd[1]);
+  ChildResult r;
+  if (rc != 0) {
+    close(pipefd[0]);
+    r.out = std::string("posix_spawn: ") + strerror(rc);
+    return r;
+  }
+  char buf[512];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// Sets fake-driver knobs for one test; restores them after.
+class FakeEnv {
+ public:
+  FakeEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto& [k, v] : vars) {
+      names_.push_back(k);
+      setenv(k, v, 1);
+    }
+  }
+  ~FakeEnv() {
+    for (const char* k : names_) unsetenv(k);
+  }
+
+ private:
+  std::vector<const char*> names_;
+};
+
+// --- without a driver ----------------------------------------------------------------------------------------
+
+TEST(CudaPlatformTest, WithoutADriverSaysExactlyWhy) {
+  void* real = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto p = MakeCudaPlatform();
+  EXPECT_EQ(p->name(), "cuda");
+  EXPECT_EQ(p->device_type(), MemoryType::kCuda);
+  PlatformProbe probe = p->Probe();
+  if (real != nullptr) {  // a machine with a driver: nothing to check here
+    GTEST_SKIP() << "libcuda.so.1 is installed: " << probe.reason;
+  }
+  EXPECT_FALSE(probe.usable);
+  EXPECT_EQ(probe.reason, "libcuda.so.1: cannot open shared object file: No such file or directory");
+  EXPECT_EQ(probe.device_count, 0);
+  int x = 0;
+  EXPECT_FALSE(p->Classify(&x).has_value());
+  auto a = p->Allocate(4096, AllocationKind::kDevice, 0);
+  EXPECT_EQ(a.status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_NE(a.status().message().find("libcuda.so.1: cannot open shared object file"), std::string::npos);
+  EXPECT_EQ(p->Free(&x, 4, AllocationKind::kDevice).code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->ExportIpc(&x, 4).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->ImportIpc("x", 1, 4).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->CloseIpc(&x, 4).code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->CopyAsync(&x, &x, 4, 0).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->Probe().reason, probe.reason);  // the same verdict again
+}
+
+TEST(CudaPlatformTest, IsRegisteredWhenLinkedIn) {
+  auto p = PlatformRegistry::Get().Find("cuda");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->device_type(), MemoryType::kCuda);
+  if (!p->Probe().usable) EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kCuda), nullptr);
+}
+
+TEST(CudaPlatformTest, FirstSonameErrorIsReported) {
+  auto p = MakeCudaPlatform({"libmc-no-such-driver.so.1", "libmc-no-such-driver.so"});
+  EXPECT_EQ(p->Probe().reason, "libmc-no-such-driver.so.1: cannot open shared object file: No such file or directory");
+}
+
+// --- the fake driver ------------------------------------------------------------------------------------------
+
+TEST(CudaPlatformTest, ProbesTheFakeDriver) {
+  auto p = MakeCudaPlatform({"libmc-no-such-driver.so.1", FakeDriver()});
+  PlatformProbe probe = p->Probe();
+  ASSERT_TRUE(probe.usable) << probe.reason;
+  EXPECT_EQ(probe.device_count, 2);
+  EXPECT_EQ(probe.reason, "CUDA driver 12.9 (" + FakeDriver() + "), 2 device(s)");
+}
+
+TEST(CudaPlatformTest, FallsBackToCuGetProcAddressV1) {
+  auto p = MakeCudaPlatform({FakeDriverV1()});
+  PlatformProbe probe = p->Probe();
+  ASSERT_TRUE(probe.usable) << probe.reason;
+  auto a = p->Allocate(64, AllocationKind::kDevice, 1);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(p->Classify(*a)->ToString(), "cuda:1");
+  EXPECT_TRUE(p->Free(*a, 64, AllocationKind::kDevice).ok());
+}
+
+TEST(CudaPlatformTest, UnusableVerdictsNameTheCause) {
+  {
+    FakeEnv env({{"FAKE_CUDA_INIT_RESULT", "100"}});
+    EXPECT_EQ(MakeCudaPlatform({FakeDriver()})->Probe().reason,
+              "cuInit failed: CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected");
+  }
+  {
+    FakeEnv env({{"FAKE_CUDA_DEVICES", "0"}});
+    EXPECT_EQ(MakeCudaPlatform({FakeDriver()})->Probe().reason,
+              "no CUDA device (CUDA driver 12.9 (" + FakeDriver() + "))");
+  }
+  {
+    FakeEnv env({{"FAKE_CUDA_MISSING", "cuMemCreate"}});
+    PlatformProbe probe = MakeCudaPlatform({FakeDriver()})->Probe();
+    EXPECT_FALSE(probe.usable);
+    EXPECT_EQ(probe.reason, FakeDriver() + " lacks an entry point the platform needs: cuMemCreate (ABI 10020): "
+                                           "the driver has no such symbol");
+  }
+}
+
+TEST(CudaPlatformTest, AllocateClassifyFree) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  auto dev = p->Allocate(1000, AllocationKind::kDevice, 1);
+  auto host = p->Allocate(1000, AllocationKind::kPinnedHost, -1);
+  auto vmm = p->Allocate(1000, AllocationKind::kShareable, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  ASSERT_TRUE(vmm.ok()) << vmm.status().ToString();
+  EXPECT_EQ(p->Classify(static_cast<char*>(*dev) + 999)->ToString(), "cuda:1");
+  EXPECT_EQ(p->Classify(*host)->ToString(), "host");
+  EXPECT_EQ(p->Classify(static_cast<char*>(*vmm) + 500)->ToString(), "cuda:0");
+  int on_stack = 0;
+  EXPECT_FALSE(p->Classify(&on_stack).has_value());
+  EXPECT_FALSE(p->Classify(nullptr).has_value());
+
+  EXPECT_EQ(p->Allocate(0, AllocationKind::kDevice, 0).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->Allocate(8, AllocationKind::kDevice, 2).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->Allocate(8, AllocationKind::kShareable, -1).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->Free(*dev, 999, AllocationKind::kDevice).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->Free(*dev, 1000, AllocationKind::kPinnedHost).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->Free(&on_stack, 4, AllocationKind::kDevice).code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(p->Free(*dev, 1000, AllocationKind::kDevice).ok());
+  EXPECT_TRUE(p->Free(*host, 1000, AllocationKind::kPinnedHost).ok());
+  EXPECT_TRUE(p->Free(*vmm, 1000, AllocationKind::kShareable).ok());
+  EXPECT_EQ(p->Free(*vmm, 1000, AllocationKind::kShareable).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(CudaPlatformTest, CopyAsyncCompletesThroughAnEvent) {
+  FakeEnv env({{"FAKE_CUDA_EVENT_PENDING", "2"}});
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  auto dev = p->Allocate(4096, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(dev.ok());
+  std::vector<unsigned char> src(4096), back(4096);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13);
+  auto h2d = p->CopyAsync(*dev, src.data(), src.size(), -1);  // the device of the device side
+  ASSERT_TRUE(h2d.ok()) << h2d.status().ToString();
+  EXPECT_FALSE((*h2d)->Done());  // the fake's event answers NOT_READY twice
+  EXPECT_FALSE((*h2d)->Done());
+  EXPECT_TRUE((*h2d)->Done());
+  EXPECT_TRUE((*h2d)->Wait().ok());
+  auto d2h = p->CopyAsync(back.data(), *dev, back.size(), 0);
+  ASSERT_TRUE(d2h.ok());
+  EXPECT_TRUE((*d2h)->Wait().ok());
+  EXPECT_TRUE((*d2h)->Done());
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(p->CopyAsync(nullptr, src.data(), 1, 0).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->CopyAsync(back.data(), src.data(), 1, 5).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_TRUE(p->Free(*dev, 4096, AllocationKind::kDevice).ok());
+}
+
+// The fake driver as an application (torch, say) uses it besides the platform: its own streams.
+class FakeApp {
+ public:
+  FakeApp() {
+    lib_ = dlopen(FakeDriver().c_str(), RTLD_NOW | RTLD_LOCAL);  // the platform's copy: one driver state
+    auto proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib_, "cuGetProcAddress_v2"));
+    ops_ = reinterpret_cast<StreamOps>(dlsym(lib_, "fake_cuda_stream_ops"));
+    auto get = [&](const char* name, int version) {
+      void* fn = nullptr;
+      CUdriverProcAddressQueryResult found;
+      EXPECT_EQ(proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &found), CUDA_SUCCESS) << name;
+      return fn;
+    };
+    device_get_ = reinterpret_cast<PFN_cuDeviceGet_v2000>(get("cuDeviceGet", 2000));
+    retain_ = reinterpret_cast<PFN_cuDevicePrimaryCtxRetain_v7000>(get("cuDevicePrimaryCtxRetain", 7000));
+    set_current_ = reinterpret_cast<PFN_cuCtxSetCurrent_v4000>(get("cuCtxSetCurrent", 4000));
+    stream_create_ = reinterpret_cast<PFN_cuStreamCreate_v2000>(get("cuStreamCreate", 2000));
+  }
+
+  // A new stream in `device`'s primary context (left current on this thread).
+  CUstream StreamOn(int device) {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    CUstream s = nullptr;
+    EXPECT_EQ(device_get_(&dev, device), CUDA_SUCCESS);
+    EXPECT_EQ(retain_(&ctx, dev), CUDA_SUCCESS);
+    EXPECT_EQ(set_current_(ctx), CUDA_SUCCESS);
+    EXPECT_EQ(stream_create_(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    return s;
+  }
+
+  // {copies, event records} the fake saw on `s`.
+  std::pair<int, int> Ops(CUstream s) {
+    int copies = -1, events = -1;
+    EXPECT_EQ(ops_(s, &copies, &events), CUDA_SUCCESS);
+    return {copies, events};
+  }
+
+ private:
+  using StreamOps = CUresult (*)(CUstream, int*, int*);
+  void* lib_ = nullptr;
+  StreamOps ops_ = nullptr;
+  PFN_cuDeviceGet_v2000 device_get_ = nullptr;
+  PFN_cuDevicePrimaryCtxRetain_v7000 retain_ = nullptr;
+  PFN_cuCtxSetCurrent_v4000 set_current_ = nullptr;
+  PFN_cuStreamCreate_v2000 stream_create_ = nullptr;
+};
+
+TEST(CudaPlatformTest, CopyAsyncIsEnqueuedOnTheCallersStream) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  FakeApp app;
+  auto dev = p->Allocate(4096, AllocationKind::kDevice, 1);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  CUstream s1 = app.StreamOn(1), s0 = app.StreamOn(0);
+  std::vector<unsigned char> src(4096, 0x3c), back(4096, 0);
+
+  auto h2d = p->CopyAsync(*dev, src.data(), src.size(), 1, s1);
+  ASSERT_TRUE(h2d.ok()) << h2d.status().ToString();
+  EXPECT_EQ(app.Ops(s1), std::make_pair(1, 1));  // the copy and the completion's event, both on s1
+  EXPECT_TRUE((*h2d)->Wait().ok());
+  auto own = p->CopyAsync(back.data(), *dev, back.size(), 1);  // no stream: the platform's, not s1
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_TRUE((*own)->Wait().ok());
+  EXPECT_EQ(app.Ops(s1), std::make_pair(1, 1));
+  EXPECT_EQ(back, src);
+
+  // -1 finds the device of the device side (1) and enters its context before using s1.
+  ASSERT_TRUE(p->CopyAsync(back.data(), *dev, 16, -1, s1).ok());
+  EXPECT_EQ(app.Ops(s1), std::make_pair(2, 2));
+  // The legacy default stream (torch's default stream, whose handle is 0) is named CU_STREAM_LEGACY.
+  const auto legacy_before = app.Ops(CU_STREAM_LEGACY);
+  auto on_legacy = p->CopyAsync(back.data(), *dev, 16, 1, CU_STREAM_LEGACY);
+  ASSERT_TRUE(on_legacy.ok()) << on_legacy.status().ToString();
+  EXPECT_EQ(app.Ops(CU_STREAM_LEGACY), std::make_pair(legacy_before.first + 1, legacy_before.second + 1));
+
+  // A stream of another device's context, and a handle that is no stream: the driver's error, nothing copied.
+  auto wrong_context = p->CopyAsync(back.data(), *dev, 16, 1, s0);
+  EXPECT_EQ(wrong_context.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(wrong_context.status().message().find("CUDA_ERROR_INVALID_CONTEXT"), std::string::npos)
+      << wrong_context.status().ToString();
+  EXPECT_EQ(app.Ops(s0), std::make_pair(0, 0));
+  uintptr_t not_a_stream[4] = {};
+  auto bogus = p->CopyAsync(back.data(), *dev, 16, 1, reinterpret_cast<CUstream>(not_a_stream));
+  EXPECT_NE(bogus.status().message().find("CUDA_ERROR_INVALID_HANDLE"), std::string::npos)
+      << bogus.status().ToString();
+  EXPECT_TRUE(p->Free(*dev, 4096, AllocationKind::kDevice).ok());
+}
+
+class CudaIpcTest : public ::testing::TestWithParam<AllocationKind> {};
+
+TEST_P(CudaIpcTest, ExportHereImportInAChildProcess) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  const size_t size = 3 * 4096 + 11;
+  auto dev = p->Allocate(size, GetParam(), 1);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto* base = static_cast<unsigned char*>(*dev);
+  memset(base, 0xee, size);  // the fake's device memory is host-visible
+  const size_t offset = 4096 + 3, length = 5000;
+  auto handle = p->ExportIpc(base + offset, length);
+  ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+  EXPECT_EQ(handle->rfind(GetParam() == AllocationKind::kShareable ? "mc-cuda-ipc:v1:fd:" : "mc-cuda-ipc:v1:legacy:",
+                          0),
+            0u)
+      << *handle;
+
+  ChildResult r = RunChild(*handle, getpid(), length, 29);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "cuda:1\n");
+  for (size_t i = 0; i < length; ++i) ASSERT_EQ(base[offset + i], static_cast<unsigned char>(29 + i * 7)) << i;
+  EXPECT_EQ(base[offset - 1], 0xee);
+  EXPECT_EQ(base[offset + length], 0xee);
+
+  // The handle's own process cannot import it; bad handles and lengths are refused with reasons.
+  auto self = p->ImportIpc(*handle, getpid(), length);
+  EXPECT_EQ(self.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(self.status().message().find("exported by this process"), std::string::npos) << self.status().ToString();
+  ChildResult too_long = RunChild(*handle, getpid(), length + 1, 1);
+  EXPECT_EQ(too_long.exit_code, 3) << too_long.out;
+  EXPECT_NE(too_long.out.find("cannot import 5001 bytes"), std::string::npos) << too_long.out;
+  ChildResult wrong_pid = RunChild(*handle, 1, length, 1);
+  EXPECT_EQ(wrong_pid.exit_code, 3) << wrong_pid.out;
+  ChildResult garbage = RunChild("mc-cuda-ipc:v1:fd:1:2", getpid(), length, 1);
+  EXPECT_EQ(garbage.exit_code, 3) << garbage.out;
+  EXPECT_NE(garbage.out.find("not a cuda IPC handle"), std::string::npos) << garbage.out;
+
+  EXPECT_EQ(p->ExportIpc(base, size + 1).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->ExportIpc(base, 0).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(p->Free(*dev, size, GetParam()).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaIpcTest, ::testing::Values(AllocationKind::kDevice, AllocationKind::kShareable),
+                         [](const auto& info) { return info.param == AllocationKind::kDevice ? "Legacy" : "PosixFd"; });
+
+TEST(CudaPlatformTest, ExportRefusesHostMemory) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  auto host = p->Allocate(4096, AllocationKind::kPinnedHost, 0);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(p->ExportIpc(*host, 4096).status().code(), ErrorCode::kNotImplemented);
+  int on_stack = 0;
+  auto plain = p->ExportIpc(&on_stack, sizeof(on_stack));
+  EXPECT_EQ(plain.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(plain.status().message().find("not CUDA device memory"), std::string::npos);
+  EXPECT_TRUE(p->Free(*host, 4096, AllocationKind::kPinnedHost).ok());
+}
+
+}  // namespace
+}  // namespace mooncake::te

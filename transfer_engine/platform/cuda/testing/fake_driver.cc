@@ -1,0 +1,562 @@
+// A FAKE CUDA driver for the cuda platform's tests on machines without a GPU: a shared library that exports
+// cuGetProcAddress_v2 (or, built with -DFAKE_CUDA_V1_ONLY, only cuGetProcAddress), like libcuda's entry, plus one
+// test hook (fake_cuda_stream_ops, below), and implements the entry points the platform resolves on host memory.
+// It is not CUDA; it checks the platform's discipline as the real driver would: cuInit first, a current context
+// for allocations, streams and events, copies and events only on streams cuStreamCreate made (or the default
+// streams CU_STREAM_LEGACY / CU_STREAM_PER_THREAD), with the stream's own context current.
+//
+// "Device" memory is a memfd mapping (so legacy IPC handles can name it across processes), VMM handles are
+// memfds (exported as a dup of the fd, as CUDA's POSIX-fd handles are), host memory is an anonymous mapping.
+//
+// Knobs (environment, read at cuInit): FAKE_CUDA_DEVICES (default 2), FAKE_CUDA_INIT_RESULT (cuInit's result,
+// default 0), FAKE_CUDA_MISSING (an entry point reported as absent), FAKE_CUDA_EVENT_PENDING (how many
+// cuEventQuery calls answer CUDA_ERROR_NOT_READY before success).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+
+struct Region {
+  size_t size;
+  CUmemorytype type;
+  int device;
+  int fd;          // cuMemAlloc memory: its memfd (for IPC); -1 otherwise
+  bool ipc_mapped; // opened by cuIpcOpenMemHandle
+};
+
+struct Vmm {
+  int fd;
+  size_t size;
+  int device;
+};
+
+struct Event {
+  int pending;
+};
+
+struct IpcBytes {
+  char magic[8];
+  int pid;
+  int fd;
+  uint64_t size;
+  int device;
+};
+static_assert(sizeof(IpcBytes) <= sizeof(CUipcMemHandle), "fits a CUipcMemHandle");
+
+std::mutex mu;
+bool initialized = false;
+int devices = 2;
+int event_pending = 0;
+std::string missing;
+std::map<uintptr_t, Region> regions;
+thread_local int current = -1;  // device of the current context
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = getenv(name);
+  return v != nullptr && *v != '\0' ? atoi(v) : fallback;
+}
+
+CUresult Ready(bool need_context) {
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (need_context && current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+
+const Region* Find(uintptr_t p, uintptr_t* base) {
+  auto it = regions.upper_bound(p);
+  if (it == regions.begin()) return nullptr;
+  --it;
+  if (p - it->first >= it->second.size) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
+CUresult FakeInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = static_cast<CUresult>(EnvInt("FAKE_CUDA_INIT_RESULT", 0));
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  devices = EnvInt("FAKE_CUDA_DEVICES", 2);
+  event_pending = EnvInt("FAKE_CUDA_EVENT_PENDING", 0);
+  initialized = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDriverGetVersion(int* v) {
+  *v = 12090;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGetErrorName(CUresult r, const char** s) {
+  switch (r) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult FakeGetErrorString(CUresult r, const char** s) {
+  if (r == CUDA_ERROR_NO_DEVICE) {
+    *s = "no CUDA-capable device is detected";
+    return CUDA_SUCCESS;
+  }
+  const char* name = nullptr;
+  if (FakeGetErrorName(r, &name) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  *s = "fake driver error";
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDeviceGetCount(int* n) {
+  if (CUresult r = Ready(false)) return r;
+  *n = devices;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDeviceGet(CUdevice* d, int ordinal) {
+  if (CUresult r = Ready(false)) return r;
+  if (ordinal < 0 || ordinal >= devices) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDeviceGetAttribute(int* v, CUdevice_attribute, CUdevice) {
+  *v = 0;
+  return Ready(false);
+}
+
+CUresult FakePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
+  if (CUresult r = Ready(false)) return r;
+  if (d < 0 || d >= devices) return CUDA_ERROR_INVALID_DEVICE;
+  *ctx = reinterpret_cast<CUcontext>(static_cast<intptr_t>(d) + 1);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxSetCurrent(CUcontext ctx) {
+  if (CUresult r = Ready(false)) return r;
+  const intptr_t v = reinterpret_cast<intptr_t>(ctx);
+  if (v < 0 || v > devices) return CUDA_ERROR_INVALID_CONTEXT;
+  current = static_cast<int>(v) - 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxGetCurrent(CUcontext* ctx) {
+  if (CUresult r = Ready(false)) return r;
+  *ctx = current < 0 ? nullptr : reinterpret_cast<CUcontext>(static_cast<intptr_t>(current) + 1);
+  return CUDA_SUCCESS;
+}
+
+CUresult Attribute(CUpointer_attribute attr, void* data, CUdeviceptr ptr) {
+  uintptr_t base = 0;
+  const Region* r = Find(static_cast<uintptr_t>(ptr), &base);
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned int*>(data) = r ? r->type : 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = r ? r->device : -2; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult FakePointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  if (CUresult r = Ready(false)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  uintptr_t base = 0;
+  if (Find(static_cast<uintptr_t>(ptr), &base) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return Attribute(attr, data, ptr);
+}
+
+CUresult FakePointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
+  if (CUresult r = Ready(false)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  for (unsigned int i = 0; i < n; ++i) {
+    if (CUresult r = Attribute(attrs[i], data[i], ptr)) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  uintptr_t b = 0;
+  const Region* r = Find(static_cast<uintptr_t>(ptr), &b);
+  if (r == nullptr || r->type != CU_MEMORYTYPE_DEVICE) return CUDA_ERROR_NOT_FOUND;
+  *base = b;
+  *size = r->size;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemAlloc(CUdeviceptr* out, size_t size) {
+  if (CUresult r = Ready(true)) return r;
+  if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+  int fd = memfd_create("fake-cuda-device-memory", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(mu);
+  regions[reinterpret_cast<uintptr_t>(p)] = Region{size, CU_MEMORYTYPE_DEVICE, current, fd, false};
+  *out = reinterpret_cast<uintptr_t>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemFree(CUdeviceptr ptr) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = regions.find(static_cast<uintptr_t>(ptr));
+  if (it == regions.end() || it->second.fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(it->first), it->second.size);
+  close(it->second.fd);
+  regions.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemHostAlloc(void** out, size_t size, unsigned int) {
+  if (CUresult r = Ready(true)) return r;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(mu);
+  regions[reinterpret_cast<uintptr_t>(p)] = Region{size, CU_MEMORYTYPE_HOST, current, -1, false};
+  *out = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemFreeHost(void* p) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = regions.find(reinterpret_cast<uintptr_t>(p));
+  if (it == regions.end() || it->second.type != CU_MEMORYTYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+  munmap(p, it->second.size);
+  regions.erase(it);
+  return CUDA_SUCCESS;
+}
+
+constexpr size_t kGranularity = 2 << 20;
+
+CUresult FakeGranularity(size_t* g, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags) {
+  if (CUresult r = Ready(false)) return r;
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  *g = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp* prop,
+                       unsigned long long) {
+  if (CUresult r = Ready(true)) return r;
+  if (size == 0 || size % kGranularity != 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *h = reinterpret_cast<uintptr_t>(new Vmm{fd, size, prop->location.id});
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemRelease(CUmemGenericAllocationHandle h) {
+  if (CUresult r = Ready(false)) return r;
+  Vmm* v = reinterpret_cast<Vmm*>(h);
+  close(v->fd);
+  delete v;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeAddressReserve(CUdeviceptr* va, size_t size, size_t, CUdeviceptr, unsigned long long) {
+  if (CUresult r = Ready(false)) return r;
+  void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  *va = reinterpret_cast<uintptr_t>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeAddressFree(CUdeviceptr va, size_t size) {
+  if (CUresult r = Ready(false)) return r;
+  munmap(reinterpret_cast<void*>(va), size);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long) {
+  if (CUresult r = Ready(false)) return r;
+  Vmm* v = reinterpret_cast<Vmm*>(h);
+  if (offset + size > v->size) return CUDA_ERROR_INVALID_VALUE;
+  void* p = mmap(reinterpret_cast<void*>(va), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd,
+                 static_cast<off_t>(offset));
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(mu);
+  regions[va] = Region{size, CU_MEMORYTYPE_DEVICE, v->device, -1, false};
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemUnmap(CUdeviceptr va, size_t size) {
+  if (CUresult r = Ready(false)) return r;
+  mmap(reinterpret_cast<void*>(va), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  std::lock_guard<std::mutex> lock(mu);
+  regions.erase(va);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemSetAccess(CUdeviceptr va, size_t, const CUmemAccessDesc* desc, size_t count) {
+  if (CUresult r = Ready(false)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  if (regions.count(va) == 0 || count != 1 || desc->location.id < 0 || desc->location.id >= devices) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeExport(void* out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, unsigned long long) {
+  if (CUresult r = Ready(false)) return r;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  int fd = fcntl(reinterpret_cast<Vmm*>(h)->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(out) = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeImport(CUmemGenericAllocationHandle* h, void* os_handle, CUmemAllocationHandleType type) {
+  if (CUresult r = Ready(false)) return r;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  struct stat st;
+  if (fstat(fd, &st) != 0) return CUDA_ERROR_INVALID_VALUE;
+  int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *h = reinterpret_cast<uintptr_t>(new Vmm{copy, static_cast<size_t>(st.st_size), current < 0 ? 0 : current});
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeIpcGet(CUipcMemHandle* h, CUdeviceptr ptr) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = regions.find(static_cast<uintptr_t>(ptr));
+  if (it == regions.end() || it->second.fd < 0) return CUDA_ERROR_INVALID_VALUE;  // not a cuMemAlloc base
+  IpcBytes b{{'F', 'A', 'K', 'E', 'I', 'P', 'C', 0}, getpid(), it->second.fd, it->second.size, it->second.device};
+  memset(h, 0, sizeof(*h));
+  memcpy(h->reserved, &b, sizeof(b));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeIpcOpen(CUdeviceptr* out, CUipcMemHandle h, unsigned int) {
+  if (CUresult r = Ready(true)) return r;
+  IpcBytes b;
+  memcpy(&b, h.reserved, sizeof(b));
+  if (memcmp(b.magic, "FAKEIPC", 8) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (b.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;  // CUDA refuses handles of the same process
+  const std::string path = "/proc/" + std::to_string(b.pid) + "/fd/" + std::to_string(b.fd);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+  void* p = mmap(nullptr, b.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(mu);
+  regions[reinterpret_cast<uintptr_t>(p)] = Region{b.size, CU_MEMORYTYPE_DEVICE, current, -1, true};
+  *out = reinterpret_cast<uintptr_t>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeIpcClose(CUdeviceptr ptr) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = regions.find(static_cast<uintptr_t>(ptr));
+  if (it == regions.end() || !it->second.ipc_mapped) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(it->first), it->second.size);
+  regions.erase(it);
+  return CUDA_SUCCESS;
+}
+
+constexpr uintptr_t kStreamMagic = 0x5157;
+
+// A stream: what cuStreamCreate returns, and the two default streams (of whichever context is current).
+struct Stream {
+  uintptr_t magic = kStreamMagic;
+  int device;       // of the context it was created in; -1: a default stream
+  int copies = 0;   // cuMemcpyAsync calls enqueued on it
+  int events = 0;   // cuEventRecord calls on it
+};
+
+Stream legacy_stream{kStreamMagic, -1};
+Stream per_thread_stream{kStreamMagic, -1};
+
+// The stream behind handle `s`; null when it is not one (including the null handle).
+Stream* FindStream(CUstream s) {
+  if (s == CU_STREAM_LEGACY) return &legacy_stream;
+  if (s == CU_STREAM_PER_THREAD) return &per_thread_stream;
+  if (s == nullptr || reinterpret_cast<Stream*>(s)->magic != kStreamMagic) return nullptr;
+  return reinterpret_cast<Stream*>(s);
+}
+
+// Work may be enqueued on `s` from this thread: a stream, in the current context.
+CUresult Usable(CUstream s, Stream** out) {
+  Stream* st = FindStream(s);
+  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (st->device >= 0 && st->device != current) return CUDA_ERROR_INVALID_CONTEXT;
+  *out = st;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamCreate(CUstream* s, unsigned int) {
+  if (CUresult r = Ready(true)) return r;
+  *s = reinterpret_cast<CUstream>(new Stream{kStreamMagic, current});
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamSynchronize(CUstream s) {
+  if (CUresult r = Ready(true)) return r;
+  Stream* st = nullptr;
+  return Usable(s, &st);
+}
+
+CUresult FakeMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* st = nullptr;
+  if (CUresult r = Usable(s, &st)) return r;
+  ++st->copies;
+  memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventCreate(CUevent* e, unsigned int flags) {
+  if (CUresult r = Ready(true)) return r;
+  if (flags != CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_VALUE;
+  *e = reinterpret_cast<CUevent>(new Event{event_pending});
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventRecord(CUevent, CUstream s) {
+  if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* st = nullptr;
+  if (CUresult r = Usable(s, &st)) return r;
+  ++st->events;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventQuery(CUevent e) {
+  if (CUresult r = Ready(false)) return r;
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->pending > 0) {
+    --ev->pending;
+    return CUDA_ERROR_NOT_READY;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventSynchronize(CUevent e) {
+  if (CUresult r = Ready(false)) return r;
+  reinterpret_cast<Event*>(e)->pending = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventDestroy(CUevent e) {
+  if (CUresult r = Ready(false)) return r;
+  delete reinterpret_cast<Event*>(e);
+  return CUDA_SUCCESS;
+}
+
+struct Entry {
+  const char* name;
+  int version;  // the ABI the platform must ask for
+  void* fn;
+};
+
+// #name and ## take the bare token: cuda.h's renaming macros (cuMemAlloc -> cuMemAlloc_v2) do not apply.
+#define FAKE_ENTRY(name, version, fn) \
+  { #name, version, reinterpret_cast<void*>(static_cast<PFN_##name##_v##version>(fn)) }
+
+const Entry kEntries[] = {
+    FAKE_ENTRY(cuInit, 2000, FakeInit),
+    FAKE_ENTRY(cuDriverGetVersion, 2020, FakeDriverGetVersion),
+    FAKE_ENTRY(cuGetErrorName, 6000, FakeGetErrorName),
+    FAKE_ENTRY(cuGetErrorString, 6000, FakeGetErrorString),
+    FAKE_ENTRY(cuDeviceGetCount, 2000, FakeDeviceGetCount),
+    FAKE_ENTRY(cuDeviceGet, 2000, FakeDeviceGet),
+    FAKE_ENTRY(cuDeviceGetAttribute, 2000, FakeDeviceGetAttribute),
+    FAKE_ENTRY(cuDevicePrimaryCtxRetain, 7000, FakePrimaryCtxRetain),
+    FAKE_ENTRY(cuCtxSetCurrent, 4000, FakeCtxSetCurrent),
+    FAKE_ENTRY(cuCtxGetCurrent, 4000, FakeCtxGetCurrent),
+    FAKE_ENTRY(cuPointerGetAttribute, 4000, FakePointerGetAttribute),
+    FAKE_ENTRY(cuPointerGetAttributes, 7000, FakePointerGetAttributes),
+    FAKE_ENTRY(cuMemGetAddressRange, 3020, FakeMemGetAddressRange),
+    FAKE_ENTRY(cuMemAlloc, 3020, FakeMemAlloc),
+    FAKE_ENTRY(cuMemFree, 3020, FakeMemFree),
+    FAKE_ENTRY(cuMemHostAlloc, 2020, FakeMemHostAlloc),
+    FAKE_ENTRY(cuMemFreeHost, 2000, FakeMemFreeHost),
+    FAKE_ENTRY(cuMemGetAllocationGranularity, 10020, FakeGranularity),
+    FAKE_ENTRY(cuMemCreate, 10020, FakeMemCreate),
+    FAKE_ENTRY(cuMemRelease, 10020, FakeMemRelease),
+    FAKE_ENTRY(cuMemAddressReserve, 10020, FakeAddressReserve),
+    FAKE_ENTRY(cuMemAddressFree, 10020, FakeAddressFree),
+    FAKE_ENTRY(cuMemMap, 10020, FakeMemMap),
+    FAKE_ENTRY(cuMemUnmap, 10020, FakeMemUnmap),
+    FAKE_ENTRY(cuMemSetAccess, 10020, FakeMemSetAccess),
+    FAKE_ENTRY(cuMemExportToShareableHandle, 10020, FakeExport),
+    FAKE_ENTRY(cuMemImportFromShareableHandle, 10020, FakeImport),
+    FAKE_ENTRY(cuIpcGetMemHandle, 4010, FakeIpcGet),
+    FAKE_ENTRY(cuIpcOpenMemHandle, 11000, FakeIpcOpen),
+    FAKE_ENTRY(cuIpcCloseMemHandle, 4010, FakeIpcClose),
+    FAKE_ENTRY(cuMemcpyAsync, 4000, FakeMemcpyAsync),
+    FAKE_ENTRY(cuStreamCreate, 2000, FakeStreamCreate),
+    FAKE_ENTRY(cuStreamSynchronize, 2000, FakeStreamSynchronize),
+    FAKE_ENTRY(cuEventCreate, 2000, FakeEventCreate),
+    FAKE_ENTRY(cuEventRecord, 2000, FakeEventRecord),
+    FAKE_ENTRY(cuEventQuery, 2000, FakeEventQuery),
+    FAKE_ENTRY(cuEventSynchronize, 2000, FakeEventSynchronize),
+    FAKE_ENTRY(cuEventDestroy, 4000, FakeEventDestroy),
+};
+
+CUresult Lookup(const char* symbol, void** pfn, int version, CUdriverProcAddressQueryResult* found) {
+  const char* absent = getenv("FAKE_CUDA_MISSING");
+  for (const Entry& e : kEntries) {
+    if (strcmp(e.name, symbol) != 0) continue;
+    if ((absent != nullptr && strcmp(absent, symbol) == 0) || version != e.version) break;
+    *pfn = e.fn;
+    if (found != nullptr) *found = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+  }
+  *pfn = nullptr;
+  if (found != nullptr) *found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return found != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+}  // namespace
+
+// Test hook (not a CUDA entry point): how many copies and event records were enqueued on stream `s` so far.
+// CUDA_ERROR_INVALID_HANDLE when `s` is not a stream of this driver.
+extern "C" __attribute__((visibility("default"))) CUresult fake_cuda_stream_ops(CUstream s, int* copies,
+                                                                                int* events) {
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* st = FindStream(s);
+  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *copies = st->copies;
+  *events = st->events;
+  return CUDA_SUCCESS;
+}
+
+#ifdef FAKE_CUDA_V1_ONLY
+#undef cuGetProcAddress  // cuda.h maps it to cuGetProcAddress_v2; this is the 11.3 ABI
+extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress(const char* symbol, void** pfn,
+                                                                            int version, cuuint64_t) {
+  return Lookup(symbol, pfn, version, nullptr);
+}
+#else
+extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(const char* symbol, void** pfn,
+                                                                               int version, cuuint64_t,
+                                                                               CUdriverProcAddressQueryResult* found) {
+  return Lookup(symbol, pfn, version, found);
+}
+#endif

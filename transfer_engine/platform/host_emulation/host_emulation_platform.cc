@@ -1,0 +1,309 @@
+#include "transfer_engine/platform/host_emulation/host_emulation_platform.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "transfer_engine/common/checked_copy.h"
+#include "transfer_engine/common/format.h"
+#include "transfer_engine/platform/host_emulation/copy_worker.h"
+#include "transfer_engine/platform/host_emulation/emulation_handle.h"
+#include "transfer_engine/platform/util/remote_fd.h"
+#include "transfer_engine/plugin/plugin.h"
+
+namespace mooncake::te {
+namespace {
+
+using host_emulation::CopyWorker;
+using host_emulation::EmulationHandle;
+
+using platform_util::PageSize;
+
+size_t RoundUpToPage(size_t n) { return platform_util::RoundUp(n, PageSize()); }
+
+std::string Addr(const void* p) { return Hex(reinterpret_cast<uintptr_t>(p)); }
+
+Status Errno(ErrorCode code, const std::string& what) {
+  return Status(code, "host_emulation: " + what + ": " + strerror(errno));
+}
+
+// One range the platform answers for.
+struct Region {
+  enum class Origin { kPinned, kDevice, kImported };
+  Origin origin;
+  AllocationKind kind;  // as allocated (kImported: kDevice)
+  size_t length;        // bytes the caller asked for / imported
+  void* map_base;       // the mmap'ed range containing it
+  size_t map_length;
+  int fd;               // the memfd of a device allocation (kept open for export); -1 otherwise
+  int device;           // -1 for pinned host memory
+  uint64_t serial;      // a device allocation's number (its memfd's name); 0 otherwise
+};
+
+// Whether `fd` is the memfd the handle names, with at least `size` bytes.
+Status CheckEmulationMemfd(int fd, const EmulationHandle& h, uint64_t size) {
+  const std::string link = platform_util::FdTarget(fd);
+  const std::string expected = "/memfd:" + host_emulation::MemfdName(h.device, h.serial) + " ";
+  if (link.rfind(expected, 0) != 0) {
+    return Status(ErrorCode::kNotFound, "host_emulation: fd " + std::to_string(h.fd) + " of process " +
+                                            std::to_string(h.pid) + " is not the exported memory (it is " +
+                                            link + "; the allocation was freed?)");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno(ErrorCode::kInvalidArgument, "fstat of the handle's memfd");
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return InvalidArgument("host_emulation: the handle's range ends at byte " + std::to_string(size) +
+                           " but its memfd has " + std::to_string(st.st_size) + " bytes");
+  }
+  return Status::Ok();
+}
+
+constexpr int kDefaultDeviceCount = 2;
+
+class HostEmulationPlatform final : public Platform {
+ public:
+  /// The registered (plugin) form: enabled only when MC_PLATFORM_EMULATION=1.
+  HostEmulationPlatform() : HostEmulationPlatform(kDefaultDeviceCount, HostEmulationRequestedByEnv()) {}
+  HostEmulationPlatform(int device_count, bool enabled)
+      : device_count_(device_count < 1 ? 1 : device_count),
+        enabled_(enabled),
+        worker_(std::make_unique<CopyWorker>()) {}
+
+  ~HostEmulationPlatform() override {
+    worker_.reset();  // runs the copies already queued: they may touch the regions below
+    for (auto& [addr, r] : regions_) {
+      munmap(r.map_base, r.map_length);
+      if (r.fd >= 0) close(r.fd);
+    }
+  }
+
+  std::string name() const override { return "host_emulation"; }
+  MemoryType device_type() const override { return MemoryType::kCuda; }
+
+  PlatformProbe Probe() override {
+    PlatformProbe p;
+    if (!enabled_) {
+      p.reason = kDisabled;
+      return p;
+    }
+    p.usable = true;
+    p.device_count = device_count_;
+    p.reason = "host EMULATION of " + std::to_string(device_count_) +
+               " CUDA device(s) on memfd-backed host memory (for tests; not a GPU)";
+    return p;
+  }
+
+  std::optional<MemoryKind> Classify(const void* ptr) override {
+    if (!enabled_) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu_);
+    const Region* r = Find(reinterpret_cast<uintptr_t>(ptr));
+    if (r == nullptr) return std::nullopt;
+    if (r->origin == Region::Origin::kPinned) return MemoryKind{MemoryType::kHost, -1};
+    return MemoryKind{MemoryType::kCuda, r->device};
+  }
+
+  StatusOr<void*> Allocate(size_t length, AllocationKind kind, int device) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    if (length == 0) return InvalidArgument("host_emulation: cannot allocate 0 bytes");
+    const size_t mapped = RoundUpToPage(length);
+    if (mapped < length) return InvalidArgument("host_emulation: length " + std::to_string(length) + " too large");
+    if (kind == AllocationKind::kPinnedHost) {
+      void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return Errno(ErrorCode::kMemory, "mmap of " + std::to_string(mapped) + " bytes");
+      std::lock_guard<std::mutex> lock(mu_);
+      regions_[reinterpret_cast<uintptr_t>(p)] =
+          Region{Region::Origin::kPinned, kind, length, p, mapped, -1, -1, 0};
+      return p;
+    }
+    MC_RETURN_IF_ERROR(CheckDevice(device, false));
+    static std::atomic<uint64_t> next_serial{1};  // process-wide: a memfd name is never reused in this process
+    const uint64_t serial = next_serial.fetch_add(1);
+    const std::string name = host_emulation::MemfdName(device, serial);
+    int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+    if (fd < 0) return Errno(ErrorCode::kMemory, "memfd_create");
+    if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+      Status st = Errno(ErrorCode::kMemory, "ftruncate of the memfd to " + std::to_string(mapped) + " bytes");
+      close(fd);
+      return st;
+    }
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      Status st = Errno(ErrorCode::kMemory, "mmap of " + std::to_string(mapped) + " bytes");
+      close(fd);
+      return st;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[reinterpret_cast<uintptr_t>(p)] =
+        Region{Region::Origin::kDevice, kind, length, p, mapped, fd, device, serial};
+    return p;
+  }
+
+  Status Free(void* ptr, size_t length, AllocationKind kind) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == regions_.end() || it->second.origin == Region::Origin::kImported) {
+      return InvalidArgument("host_emulation: " + Addr(ptr) + " was not allocated by this platform" +
+                             (it != regions_.end() ? " (it is an IPC import: use CloseIpc)" : ""));
+    }
+    const Region& r = it->second;
+    if (r.kind != kind || r.length != length) {
+      return InvalidArgument("host_emulation: free of " + Addr(ptr) + " (" + std::to_string(length) +
+                             " bytes, kind " + std::to_string(static_cast<int>(kind)) + ") does not match its " +
+                             "allocation (" + std::to_string(r.length) + " bytes, kind " +
+                             std::to_string(static_cast<int>(r.kind)) + ")");
+    }
+    munmap(r.map_base, r.map_length);
+    if (r.fd >= 0) close(r.fd);
+    regions_.erase(it);
+    return Status::Ok();
+  }
+
+  StatusOr<std::string> ExportIpc(void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    if (length == 0) return InvalidArgument("host_emulation: cannot export 0 bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    const Region* r = Find(addr);
+    if (r == nullptr || r->origin != Region::Origin::kDevice) {
+      return InvalidArgument("host_emulation: " + Addr(ptr) + " is not in a device allocation of this platform" +
+                             (r != nullptr ? " (pinned host memory or an IPC import)" : ""));
+    }
+    const auto base = reinterpret_cast<uintptr_t>(r->map_base);
+    if (length > r->length - (addr - base)) {
+      return InvalidArgument("host_emulation: " + Range(addr, length) + " runs past its allocation " +
+                             Range(base, r->length));
+    }
+    EmulationHandle h;
+    h.pid = getpid();
+    h.fd = r->fd;
+    h.serial = r->serial;
+    h.offset = addr - base;
+    h.length = length;
+    h.device = r->device;
+    return h.Encode();
+  }
+
+  StatusOr<void*> ImportIpc(const std::string& handle, int owner_pid, size_t length) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    StatusOr<EmulationHandle> h = EmulationHandle::Decode(handle);
+    if (!h.ok()) return h.status();
+    if (h->pid != owner_pid) {
+      return InvalidArgument("host_emulation: the handle was exported by process " + std::to_string(h->pid) +
+                             ", not by " + std::to_string(owner_pid));
+    }
+    if (length == 0 || length > h->length) {
+      return InvalidArgument("host_emulation: cannot import " + std::to_string(length) + " bytes of a handle for " +
+                             std::to_string(h->length));
+    }
+    StatusOr<int> fd = platform_util::DuplicateRemoteFd(h->pid, h->fd, "host_emulation");
+    if (!fd.ok()) return fd.status();
+    Status checked = CheckEmulationMemfd(*fd, *h, h->offset + length);
+    if (!checked.ok()) {
+      close(*fd);
+      return checked;
+    }
+    const uint64_t start = h->offset / PageSize() * PageSize();
+    const size_t delta = static_cast<size_t>(h->offset - start);
+    const size_t map_length = RoundUpToPage(delta + length);
+    void* base = mmap(nullptr, map_length, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, static_cast<off_t>(start));
+    const int err = errno;
+    close(*fd);  // the mapping keeps the memory
+    if (base == MAP_FAILED) {
+      errno = err;
+      return Errno(ErrorCode::kMemory, "mmap of the imported range");
+    }
+    void* local = static_cast<char*>(base) + delta;
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[reinterpret_cast<uintptr_t>(local)] =
+        Region{Region::Origin::kImported, AllocationKind::kDevice, length, base, map_length, -1, h->device, 0};
+    return local;
+  }
+
+  Status CloseIpc(void* mapped, size_t length) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(reinterpret_cast<uintptr_t>(mapped));
+    if (it == regions_.end() || it->second.origin != Region::Origin::kImported) {
+      return InvalidArgument("host_emulation: " + Addr(mapped) + " is not an address ImportIpc returned");
+    }
+    if (it->second.length != length) {
+      return InvalidArgument("host_emulation: CloseIpc of " + Addr(mapped) + " with " + std::to_string(length) +
+                             " bytes; it was imported with " + std::to_string(it->second.length));
+    }
+    munmap(it->second.map_base, it->second.map_length);
+    regions_.erase(it);
+    return Status::Ok();
+  }
+
+  StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device,
+                                                      void* stream) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    MC_RETURN_IF_ERROR(CheckDevice(device, true));
+    if (stream != nullptr) {
+      return InvalidArgument("host_emulation: no streams (every copy runs on the platform's one worker, in "
+                             "submission order); the stream must be null");
+    }
+    if (length > 0 && (dst == nullptr || src == nullptr)) {
+      return InvalidArgument("host_emulation: copy of " + std::to_string(length) + " bytes with a null address");
+    }
+    return worker_->Submit([dst, src, length] {
+      Status st = CheckedCopy(dst, src, length);
+      if (st.ok()) return st;
+      return Status(st.code(), "host_emulation: async copy failed: " + st.message());
+    });
+  }
+
+ private:
+  // The region containing `addr`; null when none. Needs mu_.
+  const Region* Find(uintptr_t addr) const {
+    auto it = regions_.upper_bound(addr);
+    if (it == regions_.begin()) return nullptr;
+    --it;
+    return addr - it->first < it->second.length ? &it->second : nullptr;
+  }
+
+  static constexpr const char* kDisabled =
+      "host_emulation is off: it is a test EMULATION of a CUDA device on host memory; set MC_PLATFORM_EMULATION=1 "
+      "(or create it with MakeHostEmulationPlatform) to use it";
+
+  Status CheckEnabled() const {
+    return enabled_ ? Status::Ok() : Status(ErrorCode::kDeviceNotFound, kDisabled);
+  }
+
+  Status CheckDevice(int device, bool allow_any) const {
+    if ((allow_any && device == -1) || (device >= 0 && device < device_count_)) return Status::Ok();
+    return Status(ErrorCode::kDeviceNotFound, "host_emulation: no device " + std::to_string(device) + " (it emulates " +
+                                                  std::to_string(device_count_) + ")");
+  }
+
+  const int device_count_;
+  const bool enabled_;
+  std::mutex mu_;
+  std::map<uintptr_t, Region> regions_;  // user-visible address -> region
+  std::unique_ptr<CopyWorker> worker_;
+};
+
+}  // namespace
+
+// Linked in: registered at start-up; as a .so: the plugin entry point. Either way the instance is enabled only
+// by MC_PLATFORM_EMULATION=1 (its Probe says so otherwise).
+MC_PLATFORM_PLUGIN("host_emulation", HostEmulationPlatform, nullptr);
+
+bool HostEmulationRequestedByEnv() {
+  const char* v = getenv(kPlatformEmulationEnv);
+  return v != nullptr && std::string(v) == "1";
+}
+
+std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count) {
+  return std::make_shared<HostEmulationPlatform>(device_count, true);
+}
+
+}  // namespace mooncake::te

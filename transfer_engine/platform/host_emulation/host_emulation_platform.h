@@ -1,0 +1,46 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_PLATFORM_HOST_EMULATION_HOST_EMULATION_PLATFORM_H_
+#define MOONCAKE_TRANSFER_ENGINE_PLATFORM_HOST_EMULATION_HOST_EMULATION_PLATFORM_H_
+
+#include <memory>
+
+#include "transfer_engine/platform/platform.h"
+
+namespace mooncake::te {
+
+/// The environment variable that enables the registered host emulation ("1"; anything else: disabled).
+inline constexpr const char kPlatformEmulationEnv[] = "MC_PLATFORM_EMULATION";
+
+/// An EMULATION of a CUDA platform on host memory, for tests: name "host_emulation", memory type kCuda, so code
+/// paths written for device memory (classification, IPC export/import between processes, asynchronous copies
+/// with completions) run on machines without a GPU. It is not a GPU: "device" memory is ordinary host memory
+/// any CPU code can touch, and nothing is faster for being "on the device".
+///
+/// - Devices: `device_count` emulated devices, ordinals 0..device_count-1.
+/// - Allocate: kDevice and kShareable = a MAP_SHARED mapping of a fresh memfd (named "mc-host-emulation-cuda<N>")
+///   that the platform keeps open until Free; kPinnedHost = a private anonymous mapping. Zero-filled.
+/// - Classify: "cuda:<device>" for its device allocations and for ranges it imported; host for its pinned
+///   allocations; nullopt otherwise.
+/// - ExportIpc: the memfd's fd number in this process + offset + length + device (see emulation_handle.h);
+///   valid while the allocation lives. ImportIpc (any process of this host allowed to read the owner's fds:
+///   same user or root) gets the fd with pidfd_getfd, else through /proc/<pid>/fd/<fd>, checks that it is an
+///   emulation memfd large enough, and maps it MAP_SHARED; CloseIpc unmaps it. The mapping stays valid after
+///   the owner frees its allocation or exits (the memory lives until the last mapping goes).
+/// - CopyAsync: runs on the platform's worker thread, in submission order (a copy starts after every copy
+///   submitted before it has finished, whether or not anyone waits for those); the completion reports the
+///   copy's Status. The copy goes through CheckedCopy, so an unmapped or read-only range is an error, not a
+///   crash. There are no streams: a non-null `stream` is kInvalidArgument.
+///
+/// Enabling: never silently. The instance the library registers (linked in, or loaded as a plugin) is enabled
+/// only when MC_PLATFORM_EMULATION=1 when it is created; otherwise its Probe says unusable (so the registry
+/// neither classifies with it nor returns it from ForType) and every call fails with kDeviceNotFound saying how
+/// to enable it. An instance made here is enabled (tests register it with PlatformRegistry::Register, which
+/// replaces the disabled one).
+/// Thread-safe. Destruction runs the copies already queued, then unmaps what is still allocated or imported.
+std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count = 2);
+
+/// Whether MC_PLATFORM_EMULATION=1.
+bool HostEmulationRequestedByEnv();
+
+}  // namespace mooncake::te
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_PLATFORM_HOST_EMULATION_HOST_EMULATION_PLATFORM_H_

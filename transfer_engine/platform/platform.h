@@ -1,0 +1,138 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_PLATFORM_PLATFORM_H_
+#define MOONCAKE_TRANSFER_ENGINE_PLATFORM_PLATFORM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "transfer_engine/api/status.h"
+
+namespace mooncake::te {
+
+/// What kind of memory a range is. Transports declare which (local, remote) pairs they move; the engine
+/// classifies every registration through the platform layer.
+enum class MemoryType : uint8_t { kHost = 0, kCuda, kRocm, kNpu, kMusa, kFile, kCxl };
+
+/// A memory kind and, for accelerator memory, its device ordinal. Text form: "host", "cuda:0", "rocm:1",
+/// "npu:0", "musa:0", "file", "cxl" (Mooncake's "cpu:N" locations are host memory on NUMA node N).
+struct MemoryKind {
+  MemoryType type = MemoryType::kHost;
+  int device = -1;  ///< accelerator ordinal; -1 for host, file and cxl
+
+  /// "cuda:0", "host", ... A device type with a negative ordinal (not a valid kind) prints as "cuda:-1", which
+  /// Parse rejects.
+  std::string ToString() const;
+  /// Exact, lower-case text, no spaces; ordinals are decimal digits. "cpu:N" forgets N (host memory).
+  /// Accepts the text forms above plus Mooncake locations ("cpu:N", "*": host; "cuda:N", "npu:N", ...).
+  /// kInvalidArgument for anything else.
+  static StatusOr<MemoryKind> Parse(std::string_view text);
+  bool is_device() const { return type != MemoryType::kHost && type != MemoryType::kFile && type != MemoryType::kCxl; }
+  bool operator==(const MemoryKind& o) const { return type == o.type && device == o.device; }
+  bool operator!=(const MemoryKind& o) const { return !(*this == o); }
+};
+const char* MemoryTypeName(MemoryType t);
+
+/// What a platform found on this host.
+struct PlatformProbe {
+  bool usable = false;
+  std::string reason;   ///< why not usable ("libcuda.so.1: cannot open shared object file", "no device"), or a summary
+  int device_count = 0;
+};
+
+/// How memory is allocated by Platform::Allocate.
+enum class AllocationKind : uint8_t {
+  kPinnedHost = 0,  ///< page-locked host memory the device can DMA into
+  kDevice,          ///< plain device memory
+  kShareable,       ///< device memory exportable to other processes (VMM with a shareable handle)
+};
+
+/// A copy started by Platform::CopyAsync. Wait blocks until done; thread-safe.
+class CopyCompletion {
+ public:
+  virtual ~CopyCompletion() = default;
+  /// True once the copy has finished (successfully or not).
+  virtual bool Done() = 0;
+  /// Blocks until finished; the copy's outcome.
+  virtual Status Wait() = 0;
+};
+
+/// One accelerator family (or the host). Implementations live in platform/<name>/, load their vendor library at
+/// run time (dlopen of a list of sonames) and are never linked by the core. Every method is thread-safe and
+/// returns an error (never crashes) when the platform is unusable.
+class Platform {
+ public:
+  virtual ~Platform() = default;
+  /// "cpu", "cuda", "rocm", "ascend", "musa", "host_emulation".
+  virtual std::string name() const = 0;
+  /// The memory type of this platform's devices (kHost for cpu).
+  virtual MemoryType device_type() const = 0;
+  /// Loads the vendor library and counts devices; cheap after the first call.
+  virtual PlatformProbe Probe() = 0;
+
+  /// The kind of the memory at `ptr` when it belongs to this platform (device memory, or host memory the
+  /// platform allocated); nullopt otherwise (including when the platform is unusable).
+  virtual std::optional<MemoryKind> Classify(const void* ptr) = 0;
+
+  virtual StatusOr<void*> Allocate(size_t length, AllocationKind kind, int device) = 0;
+  virtual Status Free(void* ptr, size_t length, AllocationKind kind) = 0;
+
+  /// An opaque handle other processes of this host pass to ImportIpc to map [ptr, ptr+length) (which must lie in
+  /// one allocation of this platform). kNotImplemented where the platform has no IPC.
+  virtual StatusOr<std::string> ExportIpc(void* ptr, size_t length) = 0;
+  /// Maps a handle exported by process `owner_pid`; the mapping's local address. CloseIpc undoes it.
+  virtual StatusOr<void*> ImportIpc(const std::string& handle, int owner_pid, size_t length) = 0;
+  virtual Status CloseIpc(void* mapped, size_t length) = 0;
+
+  /// Copies `length` bytes (either side may be host or this platform's device memory), asynchronously, for
+  /// `device` (-1: the device of whichever side is device memory), on `stream`:
+  /// - nullptr: a queue (stream) of the platform's own for `device`;
+  /// - otherwise the platform's native stream handle (CUstream, hipStream_t, MUstream, aclrtStream) of a stream
+  ///   on `device`, owned by the caller, who keeps it alive until the copy has finished. The copy (and the
+  ///   completion's event) is enqueued on it, so it is ordered with the stream's other work. Platforms without
+  ///   streams (cpu, host_emulation) accept only nullptr (kInvalidArgument otherwise).
+  /// The completion may outlive the platform; dropping it does not cancel the copy. Errors found when starting
+  /// are returned; later ones by Wait.
+  virtual StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device,
+                                                              void* stream) = 0;
+  /// The same on the platform's own stream (stream nullptr). Not virtual: implementations override the form
+  /// above (and a derived class that is used by its own type re-exports this one with `using`).
+  StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device) {
+    return CopyAsync(dst, src, length, device, nullptr);
+  }
+};
+
+/// The process-wide set of platforms: "cpu" always; others registered statically (alwayslink) or by plugins.
+/// Thread-safe. Platforms are shared: a platform removed or replaced stays alive while someone holds it.
+class PlatformRegistry {
+ public:
+  /// The registry (created on first use, never destroyed, so static registrars and destructors may use it).
+  static PlatformRegistry& Get();
+  /// Adds `platform`; one already registered under the same name() is replaced (same position). Null: ignored.
+  void Register(std::shared_ptr<Platform> platform);
+  /// Removes the platform named `name` (tests); false when none. "cpu" cannot be removed.
+  bool Unregister(const std::string& name);
+  /// Registration order; "cpu" first.
+  std::vector<std::shared_ptr<Platform>> All() const;
+  std::shared_ptr<Platform> Find(const std::string& name) const;
+  /// The first registered platform whose memory type is `type` and which is usable (host: "cpu"); null when
+  /// none. Probes outside the registry lock.
+  std::shared_ptr<Platform> ForType(MemoryType type) const;
+  /// Asks every usable non-host platform in registration order; host (NUMA node unknown) when none claims the
+  /// pointer (also for null).
+  MemoryKind Classify(const void* ptr) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Platform>> platforms_;
+  PlatformRegistry();
+};
+
+}  // namespace mooncake::te
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_PLATFORM_PLATFORM_H_

@@ -1,0 +1,39 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_EFA_CONFIG_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_EFA_CONFIG_H_
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "transfer_engine/transport/options.h"
+
+namespace mooncake::te::efa {
+
+/// The efa transport's settings: option "efa.<key>" of EngineOptions::transport_options, else the variable
+/// named, else the default. Plain value type.
+struct EfaConfig {
+  /// provider / FI_PROVIDER: the libfabric provider ("efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "shm", ...);
+  /// empty: the first of efa, verbs;ofi_rxm that libfabric finds.
+  std::string provider;
+  size_t slice_size = 1 << 20;  ///< slice_size / MC_EFA_SLICE_SIZE (at most the provider's max_msg_size)
+  /// max_wr / MC_MAX_WR: operations in flight per domain (at most the provider's tx_attr->size)
+  int max_outstanding = 256;
+  /// op_timeout_ms / MC_EFA_OP_TIMEOUT_MS: an operation not completed by then fails its slice and marks the
+  /// peer down (its address is removed from the address vector)
+  std::chrono::milliseconds op_timeout{10000};
+  /// cq_wait / MC_EFA_CQ_WAIT: the progress thread sleeps in fi_cq_sread (1), polls (0), or sleeps only where
+  /// the provider's wait object is known to wake for a peer's traffic, tcp and verbs (-1, the default)
+  int cq_wait = -1;
+  /// idle_poll_us / MC_EFA_IDLE_POLL_US: when polling, the nap between polls while nothing is in flight; a
+  /// target's requests wait up to this long (shm: the provider needs the target's progress)
+  int idle_poll_us = 1000;
+
+  static EfaConfig From(const TransportOptions& options);
+};
+
+/// The provider named by FI_PROVIDER (libfabric's own variable), or empty.
+std::string ProviderFromEnv();
+
+}  // namespace mooncake::te::efa
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_EFA_CONFIG_H_

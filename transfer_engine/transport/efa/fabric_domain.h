@@ -1,0 +1,172 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_FABRIC_DOMAIN_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_FABRIC_DOMAIN_H_
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "transfer_engine/api/status.h"
+#include "transfer_engine/transport/efa/fabric_api.h"
+
+namespace mooncake::te::efa {
+
+/// One RMA operation. The transport fills it; the domain owns it from Post until `done` has run.
+struct FabricOp {
+  enum class Kind : uint8_t { kWrite, kRead };
+  Kind kind = Kind::kWrite;
+  void* local = nullptr;
+  size_t length = 0;
+  void* local_desc = nullptr;  ///< fi_mr_desc of the local registration (needed with FI_MR_LOCAL)
+  fi_addr_t dest = FI_ADDR_UNSPEC;
+  uint64_t remote_addr = 0;    ///< as the target's mr_mode wants it (virtual address or offset in the MR)
+  uint64_t remote_key = 0;
+  /// Runs exactly once, on the domain's progress thread (or the thread calling Stop): Ok, or why it failed.
+  std::function<void(const Status&)> done;
+
+  /// The operation's context as libfabric sees it: its scratch space (FI_CONTEXT / FI_CONTEXT2 mode) first,
+  /// so a completion's op_context leads back to the operation.
+  struct Slot {
+    struct fi_context2 context;
+    FabricOp* op;
+  } slot{};
+  std::chrono::steady_clock::time_point deadline;
+};
+
+class FabricDomain;
+
+/// A registration with the domain. Closed on destruction; keeps its domain open until then.
+class FabricMr {
+ public:
+  FabricMr(std::shared_ptr<FabricDomain> domain, struct fid_mr* mr, uint64_t key)
+      : domain_(std::move(domain)), mr_(mr), key_(key) {}
+  ~FabricMr();
+  FabricMr(const FabricMr&) = delete;
+  FabricMr& operator=(const FabricMr&) = delete;
+  uint64_t key() const { return key_; }
+  void* desc() const;
+
+ private:
+  std::shared_ptr<FabricDomain> domain_;
+  struct fid_mr* mr_;
+  uint64_t key_;
+};
+
+/// What a domain was opened on (for descriptors, logs and stats).
+struct DomainInfo {
+  std::string provider;  ///< fi_info->fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
+  std::string domain;    ///< e.g. "lo", "eth0", "rdmap0s31-rdm"
+  std::string address;   ///< fi_getname of the endpoint, hex
+  uint64_t mr_mode = 0;
+  bool virt_addr = false;  ///< remote addresses are virtual addresses (else offsets into the registration)
+  bool prov_key = false;   ///< the provider assigns keys (else a unique key is requested per registration)
+  bool delivery_complete = false;  ///< a write completes once the data is at the target
+  size_t max_msg_size = 0;
+  size_t tx_size = 0;
+  bool cq_wait = false;  ///< the progress thread sleeps in fi_cq_sread (else it polls with short naps)
+};
+
+/// One libfabric domain: fabric, domain, an FI_EP_RDM endpoint, its address vector (FI_AV_TABLE) and one
+/// completion queue, plus the thread that drives progress and reaps completions. Thread-safe: any thread may
+/// register memory, insert addresses and post; completions run on the progress thread.
+///
+/// Bounded outstanding: at most `max_outstanding` operations are with the provider; the rest wait in a queue
+/// the progress thread drains as completions come in (also when the provider answers -FI_EAGAIN; queued
+/// operations have deadlines too). Idle, the progress thread sleeps in fi_cq_sread (no core spins while
+/// nothing moves) where the provider's wait object also wakes for a peer's traffic (tcp, verbs); other
+/// providers (shm, efa, ...) are polled with naps that grow to 1 ms. An operation not completed by its deadline fails and its
+/// destination is reported through `on_timeout` (the transport marks that peer down).
+class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
+ public:
+  struct Options {
+    std::string provider;       ///< required
+    std::string domain_filter;  ///< comma-separated domain names; empty: any
+    std::string prefer_ip;      ///< prefer the domain whose source address is this IPv4 address
+    int max_outstanding = 256;
+    std::chrono::milliseconds op_timeout{10000};
+    /// Sleep in fi_cq_sread: 1 yes, 0 no (poll), -1 where the provider's wait is known to cover peers' traffic.
+    int cq_wait = -1;
+    int idle_poll_us = 1000;  ///< polling: the longest nap while nothing is in flight
+  };
+  /// Opens the first domain of `provider` that fits; kNotImplemented with libfabric's answer otherwise.
+  static StatusOr<std::shared_ptr<FabricDomain>> Open(const FabricApi* api, const Options& options);
+  ~FabricDomain();
+
+  const DomainInfo& info() const { return info_; }
+
+  /// What peers may do with a registration (local reads and writes are always allowed).
+  enum class RemoteAccess : uint8_t { kNone, kRead, kReadWrite };
+  /// Registers [addr, addr+len); a unique requested key when the provider does not assign them.
+  /// kContext after Stop.
+  StatusOr<std::unique_ptr<FabricMr>> Register(void* addr, size_t len, RemoteAccess remote);
+
+  /// Inserts a peer's endpoint address (hex of its fi_getname) into the address vector.
+  StatusOr<fi_addr_t> Insert(const std::string& hex_address);
+  /// Removes it again (in-flight operations to it fail or are dropped by the provider).
+  void Remove(fi_addr_t addr);
+
+  /// Takes `op` and posts it (now, or once an operation slot frees). After Stop, `done` runs at once with an
+  /// error.
+  void Post(std::unique_ptr<FabricOp> op);
+
+  /// Called on the progress thread with the destination of an operation that timed out. Set before the
+  /// first Post.
+  void set_on_timeout(std::function<void(fi_addr_t)> fn) { on_timeout_ = std::move(fn); }
+
+  /// Fails queued operations, waits up to `drain` for posted ones, then closes the endpoint and fails the rest.
+  /// Idempotent.
+  void Stop(std::chrono::milliseconds drain = std::chrono::milliseconds(2000));
+
+  size_t in_flight() const { return posted_.load(std::memory_order_relaxed); }
+
+ private:
+  FabricDomain(const FabricApi* api, const Options& options) : api_(api), options_(options) {}
+  Status Init(struct fi_info* info);
+  void Progress();
+  /// Posts queued operations while slots are free; post_mu_ held.
+  std::vector<std::unique_ptr<FabricOp>> PostQueuedLocked();
+  void FinishAll(std::vector<std::unique_ptr<FabricOp>> ops, const Status& st);
+  void Finish(std::unique_ptr<FabricOp> op, const Status& st);
+  void CheckDeadlines();
+  void Wake();
+
+  const FabricApi* api_;
+  Options options_;
+  DomainInfo info_;
+  struct fi_info* fi_ = nullptr;
+  struct fid_fabric* fabric_ = nullptr;
+  struct fid_domain* domain_ = nullptr;
+  struct fid_av* av_ = nullptr;
+  struct fid_cq* cq_ = nullptr;
+  struct fid_ep* ep_ = nullptr;
+  std::atomic<uint64_t> next_key_{1};
+
+  std::mutex post_mu_;  // guards queue_, live_, stopping_; held while posting
+  std::deque<std::unique_ptr<FabricOp>> queue_;
+  std::unordered_map<FabricOp*, std::unique_ptr<FabricOp>> live_;  // with the provider
+  // Timed out (their `done` has run) but still with the provider: freed when it reports them, or at Stop.
+  std::unordered_map<FabricOp*, std::unique_ptr<FabricOp>> abandoned_;
+  std::chrono::steady_clock::time_point next_deadline_check_{};
+  std::chrono::steady_clock::time_point last_error_log_{};  // progress thread only
+  uint64_t suppressed_errors_ = 0;                         // progress thread only
+  bool stopping_ = false;
+  std::atomic<size_t> posted_{0};
+  std::atomic<bool> stop_thread_{false};
+  std::thread progress_;
+  std::function<void(fi_addr_t)> on_timeout_;
+};
+
+}  // namespace mooncake::te::efa
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_FABRIC_DOMAIN_H_

@@ -1,0 +1,186 @@
+// FabricDomain against libfabric's tcp;ofi_rxm provider in this process: RMA between two domains, the bound on
+// operations in flight, malformed addresses, deadlines for a peer that never answers, and Stop.
+
+#include "transfer_engine/transport/efa/fabric_domain.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace mooncake::te::efa {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class Waiter {
+ public:
+  std::function<void(const Status&)> Callback() {
+    {
+      std::lock_guard lock(mu_);
+      ++expected_;
+    }
+    return [this](const Status& st) {
+      std::lock_guard lock(mu_);
+      (st.ok() ? ok_ : failed_)++;
+      if (!st.ok()) last_error_ = st;
+      cv_.notify_all();
+    };
+  }
+  bool Wait(std::chrono::seconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return ok_ + failed_ >= expected_; });
+  }
+  int ok() const { std::lock_guard lock(mu_); return ok_; }
+  int failed() const { std::lock_guard lock(mu_); return failed_; }
+  Status last_error() const { std::lock_guard lock(mu_); return last_error_; }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int expected_ = 0, ok_ = 0, failed_ = 0;
+  Status last_error_;
+};
+
+class FabricDomainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto api = LoadFabricApi();
+    ASSERT_TRUE(api.ok()) << api.status().ToString();
+    api_ = *api;
+  }
+  std::shared_ptr<FabricDomain> Open(int max_outstanding = 64, int timeout_ms = 10000) {
+    FabricDomain::Options o;
+    o.provider = "tcp;ofi_rxm";
+    o.domain_filter = "lo";
+    o.max_outstanding = max_outstanding;
+    o.op_timeout = std::chrono::milliseconds(timeout_ms);
+    auto d = FabricDomain::Open(api_, o);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? *d : nullptr;
+  }
+  std::unique_ptr<FabricOp> Op(FabricOp::Kind kind, void* local, size_t len, fi_addr_t dest, uint64_t remote,
+                               uint64_t key, Waiter& w) {
+    auto op = std::make_unique<FabricOp>();
+    op->kind = kind;
+    op->local = local;
+    op->length = len;
+    op->dest = dest;
+    op->remote_addr = remote;
+    op->remote_key = key;
+    op->done = w.Callback();
+    return op;
+  }
+  const FabricApi* api_ = nullptr;
+};
+
+TEST_F(FabricDomainTest, RequestsAtMostVersionOneEighteen) {
+  EXPECT_LE(api_->RequestVersion(), FI_VERSION(1, 18));
+  EXPECT_EQ(api_->RequestVersion(), std::min<uint32_t>(api_->version(), FI_VERSION(1, 18)));
+}
+
+TEST_F(FabricDomainTest, UnknownProviderSaysWhy) {
+  FabricDomain::Options o;
+  o.provider = "no-such-provider";
+  auto d = FabricDomain::Open(api_, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("no-such-provider"), std::string::npos) << d.status().ToString();
+}
+
+TEST_F(FabricDomainTest, FilterThatMatchesNoDomainSaysWhich) {
+  FabricDomain::Options o;
+  o.provider = "tcp;ofi_rxm";
+  o.domain_filter = "nope0";
+  auto d = FabricDomain::Open(api_, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_NE(d.status().message().find("lo"), std::string::npos) << "the domains seen: " << d.status().ToString();
+}
+
+TEST_F(FabricDomainTest, WritesAndReadsBetweenDomainsWithUniqueKeysAndBoundedOutstanding) {
+  auto a = Open(/*max_outstanding=*/4), b = Open();
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(b->info().prov_key);  // tcp: the transport requests the keys
+  std::vector<char> src(1 << 20), dst(1 << 20), back(1 << 20);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 1);
+  auto src_mr = a->Register(src.data(), src.size(), FabricDomain::RemoteAccess::kNone);
+  auto back_mr = a->Register(back.data(), back.size(), FabricDomain::RemoteAccess::kNone);
+  auto dst_mr = b->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+  ASSERT_TRUE(src_mr.ok() && back_mr.ok() && dst_mr.ok());
+  EXPECT_NE((*src_mr)->key(), (*back_mr)->key());
+  auto peer = a->Insert(b->info().address);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  const uint64_t base = b->info().virt_addr ? reinterpret_cast<uint64_t>(dst.data()) : 0;
+  Waiter writes;
+  constexpr int kOps = 64;
+  constexpr size_t kPiece = (1 << 20) / kOps;
+  for (int i = 0; i < kOps; ++i) {
+    auto op = Op(FabricOp::Kind::kWrite, src.data() + i * kPiece, kPiece, *peer, base + i * kPiece,
+                 (*dst_mr)->key(), writes);
+    op->local_desc = (*src_mr)->desc();
+    a->Post(std::move(op));
+    EXPECT_LE(a->in_flight(), 4u);
+  }
+  ASSERT_TRUE(writes.Wait(std::chrono::seconds(20)));
+  EXPECT_EQ(writes.ok(), kOps) << writes.last_error().ToString();
+  EXPECT_EQ(memcmp(src.data(), dst.data(), src.size()), 0);
+  Waiter reads;
+  a->Post(Op(FabricOp::Kind::kRead, back.data(), back.size(), *peer, base, (*dst_mr)->key(), reads));
+  ASSERT_TRUE(reads.Wait(std::chrono::seconds(20)));
+  EXPECT_EQ(reads.ok(), 1) << reads.last_error().ToString();
+  EXPECT_EQ(memcmp(src.data(), back.data(), src.size()), 0);
+}
+
+TEST_F(FabricDomainTest, MalformedAddressesAreRefused) {
+  auto a = Open();
+  ASSERT_TRUE(a);
+  for (const char* bad : {"", "abc", "zz", "0x12"}) {
+    auto r = a->Insert(bad);
+    EXPECT_FALSE(r.ok()) << "'" << bad << "' was accepted";
+  }
+  EXPECT_FALSE(a->Insert(std::string(2000, 'a')).ok());
+}
+
+TEST_F(FabricDomainTest, OperationsToAPeerThatIsGoneEndInBoundedTime) {
+  auto a = Open(64, /*timeout_ms=*/1500);
+  std::string gone;
+  {
+    auto b = Open();
+    ASSERT_TRUE(a && b);
+    gone = b->info().address;
+  }  // b's endpoint is closed: nothing answers at its address any more
+  std::vector<char> buf(4096);
+  auto mr = a->Register(buf.data(), buf.size(), FabricDomain::RemoteAccess::kNone);
+  ASSERT_TRUE(mr.ok());
+  auto peer = a->Insert(gone);
+  ASSERT_TRUE(peer.ok());
+  std::atomic<int> timeouts{0};
+  a->set_on_timeout([&](fi_addr_t) { timeouts++; });
+  Waiter w;
+  auto start = Clock::now();
+  for (int i = 0; i < 8; ++i) a->Post(Op(FabricOp::Kind::kWrite, buf.data(), buf.size(), *peer, 0, 1, w));
+  ASSERT_TRUE(w.Wait(std::chrono::seconds(10))) << "operations to a closed endpoint did not end";
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(w.failed(), 8);
+}
+
+TEST_F(FabricDomainTest, StopCompletesEverythingOnceAndRefusesLaterWork) {
+  auto a = Open();
+  ASSERT_TRUE(a);
+  std::vector<char> buf(4096);
+  a->Stop();
+  a->Stop();  // idempotent
+  Waiter w;
+  a->Post(Op(FabricOp::Kind::kWrite, buf.data(), buf.size(), 0, 0, 1, w));
+  ASSERT_TRUE(w.Wait(std::chrono::seconds(1)));
+  EXPECT_EQ(w.failed(), 1);
+  EXPECT_FALSE(a->Register(buf.data(), buf.size(), FabricDomain::RemoteAccess::kNone).ok());
+}
+
+}  // namespace
+}  // namespace mooncake::te::efa
