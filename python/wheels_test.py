@@ -25,7 +25,7 @@ EP_KERNELS = "mooncake/ep/cuda/libmooncake_ep_cuda.so"
 
 # The distributions this project publishes (Mooncake's names), the plugins and device files each must carry. A
 # variant not built on this machine (its plugin or toolkit missing) is reported as skipped.
-NET = ["libmc_transport_efa.so"]  # every variant
+NET = ["libmc_transport_efa.so", "libmc_transport_file.so"]  # every variant
 SPEC = {
     "mooncake-transfer-engine-non-cuda": (NET, []),
     "mooncake-transfer-engine": (NET + ["libmc_platform_cuda.so"], []),  # CUDA 12: no nvcc 12 here, no kernels
@@ -204,9 +204,10 @@ def test_installed_tcp_engines_move_bytes(tmp_path_factory, distribution):
     assert out.stdout.strip() == "ok"
 
 
-# A plugin may say "loaded" only where its accelerator's device node exists (never on the CI machine).
+# A plugin may say "loaded" only where its accelerator's device node exists (never on the CI machine); the file
+# transport needs no device (io_uring, present on every kernel we support).
 DEVICE_NODES = {"cuda": "/dev/nvidia[0-9]*", "rocm": "/dev/kfd", "ascend": "/dev/davinci[0-9]*",
-                "musa": "/dev/mtgpu*"}
+                "musa": "/dev/mtgpu*", "file": "/proc/self"}
 
 
 @pytest.mark.parametrize("distribution", BUILT)

@@ -144,7 +144,7 @@ void Batch::OnFinished(std::function<void(const Batch&)> fn) {
   {
     std::lock_guard lock(mu_);
     if (!finished()) {
-      on_finished_ = std::move(fn);
+      on_finished_.push_back(std::move(fn));
       return;
     }
   }
@@ -153,13 +153,13 @@ void Batch::OnFinished(std::function<void(const Batch&)> fn) {
 
 void Batch::TaskFinished() {
   if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  std::function<void(const Batch&)> fn;
+  std::vector<std::function<void(const Batch&)>> fns;
   {
     std::lock_guard lock(mu_);
-    fn = std::move(on_finished_);
+    fns.swap(on_finished_);
     cv_.notify_all();
   }
-  if (fn) fn(*this);
+  for (auto& fn : fns) fn(*this);
 }
 
 }  // namespace mooncake::te

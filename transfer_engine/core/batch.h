@@ -133,7 +133,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   void SetRetryHook(SliceRetryHook hook) { retry_hook_ = std::move(hook); }
   const SliceRetryHook& retry_hook() const { return retry_hook_; }
 
-  /// Runs `fn` once, when the batch finishes (at once if it already has). Used to send a notification
+  /// Runs `fn` once, when the batch finishes (at once if it already has); every registered function runs. Used to send a notification
   /// after the data is in place. `fn` runs on the completing thread: it must not block for long.
   void OnFinished(std::function<void(const Batch&)> fn);
 
@@ -148,7 +148,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::mutex submit_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::function<void(const Batch&)> on_finished_;
+  std::vector<std::function<void(const Batch&)>> on_finished_;  // each runs once
   SliceRetryHook retry_hook_;
 };
 

@@ -76,7 +76,11 @@ class TransferEngine::Impl : public TransportHost {
   std::unique_ptr<ManagedMemory> managed_;
   std::mutex transport_managed_mu_;
   std::unordered_map<uint64_t, size_t> transport_managed_;  // allocate_managed_buffer served by the transport
-  std::unique_ptr<WorkQueue> worker_;  // one thread: notifications and retries, off the I/O threads
+  /// One thread each, off the I/O threads: notifications (worker_) and slice retries (retry_worker_), so a
+  /// retry waiting for an unreachable peer's metadata never holds up notifications. Shared with the
+  /// notification callbacks of batches, which may finish after Shutdown (they then find it stopped).
+  std::shared_ptr<WorkQueue> worker_;
+  std::unique_ptr<WorkQueue> retry_worker_;
   std::unique_ptr<SliceRetrier> retrier_;
   bool shut_down_ = false;
 
@@ -195,7 +199,8 @@ Status TransferEngine::Impl::Init() {
     advertised_ip_ = ip.ok() && net::IsLocalAddress(*ip) && *ip != "0.0.0.0" ? *ip : net::FirstLanIp();
   }
   // Started before the RPC server serves: a handshake method is registered by the time a peer can call it.
-  worker_ = std::make_unique<WorkQueue>(1);
+  worker_ = std::make_shared<WorkQueue>(1);
+  retry_worker_ = std::make_unique<WorkQueue>(1);
   TransportContext ctx;
   ctx.config = &config_;
   ctx.memory = &memory_;
@@ -212,7 +217,7 @@ Status TransferEngine::Impl::Init() {
   retry.forget = [this](const std::string& name) { Forget(name); };
   retry.transports = &transports_;
   retry.memory = &memory_;
-  retry.worker = worker_.get();
+  retry.worker = retry_worker_.get();
   retry.retry_count = config_.retry_count;
   retrier_ = std::make_unique<SliceRetrier>(std::move(retry));
 
@@ -266,9 +271,9 @@ void TransferEngine::Impl::Shutdown() {
   rpc_.Stop();
   // The worker first: a retry it runs still finds its transport running; after this, retries are refused
   // and a transport's Stop fails what it still holds.
+  if (retry_worker_) retry_worker_->Stop();
   if (worker_) worker_->Stop();
   transports_.Stop();
-  worker_.reset();
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -291,7 +296,9 @@ std::string TransferEngine::Impl::BuildLocalDescriptor() const {
   d.json["instance"] = instance_;
   for (const auto& r : memory_.List()) {
     if (!r.remote_accessible) continue;
-    BufferDescriptor b{r.location, r.start, r.length};
+    // Mooncake's location string, unless the platform found device memory the location does not name.
+    BufferDescriptor b{r.kind.is_device() && r.location != r.kind.ToString() ? r.kind.ToString() : r.location,
+                       r.start, r.length};
     for (const auto& e : r.transports) {
       if (e.declined || !e.descriptor_fields.is_object()) continue;
       for (const auto& [k, v] : e.descriptor_fields.items()) b.json[k] = v;
@@ -504,12 +511,15 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
   if (notify) {
     Notification n = *notify;
     auto self = this;
-    b.OnFinished([self, n, notify_target](const Batch& done) {
+    std::weak_ptr<WorkQueue> worker = worker_;  // stopped (refusing jobs) once the engine shuts down
+    b.OnFinished([self, worker, n, notify_target](const Batch& done) {
       if (done.status().state != TransferState::kCompleted) {
         MC_LOG(kWarning) << "notification to '" << notify_target << "' not sent: the batch failed";
         return;
       }
-      self->worker_->Post([self, n, notify_target] {
+      auto queue = worker.lock();
+      if (!queue) return;
+      queue->Post([self, n, notify_target] {
         Status st = self->SendNotifyImpl(notify_target, n);
         if (!st.ok()) MC_LOG(kWarning) << "notification to '" << notify_target << "' failed: " << st.message();
       });
@@ -622,7 +632,13 @@ StatusOr<void*> TransferEngine::AllocateManaged(size_t length) {
     if (own.status().code() != ErrorCode::kNotImplemented) return own.status();
   }
   auto p = impl_->managed_->Allocate(length);
-  if (p.ok()) MC_RETURN_IF_ERROR(impl_->PublishLocal());
+  if (!p.ok()) return p;
+  Status st = impl_->PublishLocal();
+  if (!st.ok()) {
+    Status undo = impl_->managed_->Free(*p, length);
+    (void)undo;
+    return st;
+  }
   return p;
 }
 
@@ -636,11 +652,13 @@ Status TransferEngine::FreeManaged(void* addr, size_t length) {
                                std::to_string(it->second) + " bytes allocated");
       }
       lock.unlock();
-      MC_RETURN_IF_ERROR(UnregisterMemory(addr));
+      MC_RETURN_IF_ERROR(impl_->UnregisterRegion(reinterpret_cast<uint64_t>(addr)));
       lock.lock();
       impl_->transport_managed_.erase(reinterpret_cast<uint64_t>(addr));
       lock.unlock();
-      return impl_->transports_.preferred()->FreeManaged(addr, length);
+      Status freed = impl_->transports_.preferred()->FreeManaged(addr, length);
+      Status published = impl_->PublishLocal();  // the memory is gone either way: say so to peers
+      return freed.ok() ? published : freed;
     }
   }
   MC_RETURN_IF_ERROR(impl_->managed_->Free(addr, length));

@@ -1,6 +1,7 @@
 #include "transfer_engine/core/managed_memory.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,13 +34,15 @@ int ManagedMemory::ClassOf(size_t length) {
 }
 
 StatusOr<ManagedMemory::Mapping> ManagedMemory::Map(size_t length) {
-  int fd = memfd_create("mooncake-managed", MFD_CLOEXEC);
+  int fd = memfd_create("mooncake-managed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status(ErrorCode::kMemory, std::string("memfd_create: ") + strerror(errno));
   if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
     Status st(ErrorCode::kMemory, "ftruncate(" + std::to_string(length) + "): " + strerror(errno));
     close(fd);
     return st;
   }
+  // Its size is fixed from now on: a process that maps it (a same-host peer) can rely on every page existing.
+  (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
   void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   // Where shmem transparent huge pages are enabled ("advise"), 2 MiB pages make first touches (here and in
   // peers' mappings) 512x fewer page faults; elsewhere this is a no-op.

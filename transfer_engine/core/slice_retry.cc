@@ -47,6 +47,9 @@ void SliceRetrier::Run(const std::string& segment) {
   std::shared_ptr<const SegmentDescriptor> desc = cached.ok() ? *cached : nullptr;
   // A refresh is needed unless every slice asking for one was handed out before the last refresh started
   // (stragglers of the failure that refresh already answered).
+  for (auto it = last_refresh_.begin(); it != last_refresh_.end();) {  // bounded: old outcomes answer nothing
+    it = std::chrono::steady_clock::now() - it->second.started > kForgetRefresh ? last_refresh_.erase(it) : std::next(it);
+  }
   auto recent = last_refresh_.find(segment);
   bool refresh = false, reuse = false;
   for (const auto& p : queued) {

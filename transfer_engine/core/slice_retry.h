@@ -56,6 +56,8 @@ class SliceRetrier {
     std::chrono::steady_clock::time_point started;
     Status error;
   };
+  /// A slice still in flight after this long was handed out after the refresh, or has failed already.
+  static constexpr std::chrono::minutes kForgetRefresh{10};
 
   void Run(const std::string& segment);
   std::vector<Pending> Take(const std::string& segment);

@@ -151,7 +151,15 @@ void RegisterTransport(const McPluginV1& v1, bool usable, const std::string& rea
   info->reason = reason;
 }
 
+/// A plugin whose probe function says it cannot run here is never created (its state and reason are recorded,
+/// nothing is registered); one without a probe function is created and asked with Platform::Probe, and
+/// registered with that verdict.
 void RegisterPlatform(const McPluginV1& v1, bool usable, std::string reason, PluginInfo* info) {
+  if (v1.probe != nullptr && !usable) {
+    info->state = PluginState::kUnusable;
+    info->reason = reason.empty() ? "its probe says it cannot run here (no reason given)" : reason;
+    return;
+  }
   void* object = v1.create();
   if (object == nullptr) {
     info->state = PluginState::kError;

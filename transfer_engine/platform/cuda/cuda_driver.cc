@@ -59,6 +59,7 @@ StatusOr<std::shared_ptr<const Driver>> Driver::Load(const std::vector<std::stri
   proc.v2 = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
   if (proc.v2 == nullptr) proc.v1 = reinterpret_cast<PFN_cuGetProcAddress_v11030>(dlsym(lib, "cuGetProcAddress"));
   if (proc.v2 == nullptr && proc.v1 == nullptr) {
+    dlclose(lib);
     return Status(ErrorCode::kDeviceNotFound,
                   loaded + " has neither cuGetProcAddress_v2 nor cuGetProcAddress (a CUDA driver older than 11.3?)");
   }
@@ -116,6 +117,7 @@ StatusOr<std::shared_ptr<const Driver>> Driver::Load(const std::vector<std::stri
   resolve(a.cuEventSynchronize, "cuEventSynchronize", 2000);
   resolve(a.cuEventDestroy, "cuEventDestroy", 4000);
   if (!missing.empty()) {
+    dlclose(lib);
     return Status(ErrorCode::kDeviceNotFound, loaded + " lacks an entry point the platform needs: " + missing);
   }
   return std::shared_ptr<const Driver>(std::move(driver));

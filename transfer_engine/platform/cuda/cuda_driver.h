@@ -63,7 +63,7 @@ struct DriverApi {
 std::vector<std::string> DefaultDriverSonames();
 
 /// A loaded driver: the library stays loaded for the life of the process (never dlclose'd: other code may hold
-/// pointers into it). Immutable after Load; thread-safe.
+/// pointers into it); a Load that fails dlcloses what it opened. Immutable after Load; thread-safe.
 class Driver {
  public:
   /// dlopens the first of `sonames` that loads (RTLD_NOW | RTLD_LOCAL) and resolves the table. Errors

@@ -1,7 +1,10 @@
 #include "transfer_engine/platform/cuda/cuda_ipc_handle.h"
 
+#include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "transfer_engine/platform/util/parse.h"
 
 namespace mooncake::te::cuda {
 namespace {
@@ -9,25 +12,6 @@ namespace {
 constexpr std::string_view kPrefix = "mc-cuda-ipc:v1:";
 constexpr char kHex[] = "0123456789abcdef";
 
-bool ParseU64(std::string_view s, uint64_t* out) {
-  if (s.empty() || s.size() > 20) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  *out = v;
-  return true;
-}
-
-bool ParseInt(std::string_view s, int* out) {
-  uint64_t v = 0;
-  if (!ParseU64(s, &v) || v > static_cast<uint64_t>(std::numeric_limits<int>::max())) return false;
-  *out = static_cast<int>(v);
-  return true;
-}
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -64,7 +48,7 @@ std::string CudaIpcHandle::Encode() const {
       out += kHex[b & 15];
     }
   } else {
-    out += std::to_string(fd) + ":" + std::to_string(allocation_size);
+    out += std::to_string(fd) + ":" + std::to_string(allocation_size) + ":" + std::to_string(allocation_id);
   }
   return out;
 }
@@ -78,14 +62,14 @@ StatusOr<CudaIpcHandle> CudaIpcHandle::Decode(std::string_view text) {
     if (f.size() != 6) return Bad(text, "expected legacy:pid:device:offset:length:handle");
   } else if (f[0] == "fd") {
     h.kind = Kind::kPosixFd;
-    if (f.size() != 7) return Bad(text, "expected fd:pid:device:offset:length:fd:allocation_size");
+    if (f.size() != 8) return Bad(text, "expected fd:pid:device:offset:length:fd:allocation_size:allocation_id");
   } else {
     return Bad(text, "unknown kind");
   }
-  if (!ParseInt(f[1], &h.pid) || h.pid <= 0) return Bad(text, "bad pid");
-  if (!ParseInt(f[2], &h.device)) return Bad(text, "bad device");
-  if (!ParseU64(f[3], &h.offset)) return Bad(text, "bad offset");
-  if (!ParseU64(f[4], &h.length) || h.length == 0) return Bad(text, "bad length");
+  if (!platform_util::ParseDecimalInt(f[1], &h.pid) || h.pid <= 0) return Bad(text, "bad pid");
+  if (!platform_util::ParseDecimalInt(f[2], &h.device)) return Bad(text, "bad device");
+  if (!platform_util::ParseDecimal(f[3], UINT64_MAX, &h.offset)) return Bad(text, "bad offset");
+  if (!platform_util::ParseDecimal(f[4], UINT64_MAX, &h.length) || h.length == 0) return Bad(text, "bad length");
   if (h.offset + h.length < h.offset) return Bad(text, "offset + length overflows");
   if (h.kind == Kind::kLegacy) {
     if (f[5].size() != 2 * h.legacy.size()) return Bad(text, "the handle must be 128 hex digits");
@@ -95,10 +79,11 @@ StatusOr<CudaIpcHandle> CudaIpcHandle::Decode(std::string_view text) {
       h.legacy[i] = static_cast<uint8_t>(hi << 4 | lo);
     }
   } else {
-    if (!ParseInt(f[5], &h.fd)) return Bad(text, "bad fd");
-    if (!ParseU64(f[6], &h.allocation_size) || h.offset + h.length > h.allocation_size) {
+    if (!platform_util::ParseDecimalInt(f[5], &h.fd)) return Bad(text, "bad fd");
+    if (!platform_util::ParseDecimal(f[6], UINT64_MAX, &h.allocation_size) || h.offset + h.length > h.allocation_size) {
       return Bad(text, "the range must lie inside allocation_size");
     }
+    if (!platform_util::ParseDecimal(f[7], UINT64_MAX, &h.allocation_id)) return Bad(text, "bad allocation_id");
   }
   return h;
 }

@@ -16,7 +16,8 @@ namespace mooncake::te::cuda {
 ///     "mc-cuda-ipc:v1:legacy:<pid>:<device>:<offset>:<length>:<128 hex digits>"
 /// - kPosixFd: a VMM allocation exported as a POSIX file descriptor (number `fd` in the owner); the importer
 ///   takes the fd with pidfd_getfd (or /proc/<pid>/fd), imports it, and maps `allocation_size` bytes.
-///     "mc-cuda-ipc:v1:fd:<pid>:<device>:<offset>:<length>:<fd>:<allocation_size>"
+///   `allocation_id` names the allocation among all of the owner's (fd numbers are reused once freed).
+///     "mc-cuda-ipc:v1:fd:<pid>:<device>:<offset>:<length>:<fd>:<allocation_size>:<allocation_id>"
 /// `offset` is the range's start inside the allocation; `device` the owner's ordinal.
 struct CudaIpcHandle {
   enum class Kind { kLegacy, kPosixFd };
@@ -28,6 +29,7 @@ struct CudaIpcHandle {
   std::array<uint8_t, 64> legacy{};  ///< kLegacy: the CUipcMemHandle bytes
   int fd = -1;                       ///< kPosixFd
   uint64_t allocation_size = 0;      ///< kPosixFd: bytes of the whole allocation (granularity-aligned)
+  uint64_t allocation_id = 0;        ///< kPosixFd: unique among the owner process's allocations
 
   std::string Encode() const;
   /// kInvalidArgument naming the problem for anything Encode does not produce, or when offset + length

@@ -36,23 +36,26 @@ TEST(CudaIpcHandleTest, PosixFdRoundTrip) {
   h.length = 200;
   h.fd = 12;
   h.allocation_size = 2 << 20;
+  h.allocation_id = 18446744073709551615u;
   const std::string text = h.Encode();
-  EXPECT_EQ(text, "mc-cuda-ipc:v1:fd:7:0:100:200:12:2097152");
+  EXPECT_EQ(text, "mc-cuda-ipc:v1:fd:7:0:100:200:12:2097152:18446744073709551615");
   auto back = CudaIpcHandle::Decode(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->kind, CudaIpcHandle::Kind::kPosixFd);
   EXPECT_EQ(back->fd, 12);
   EXPECT_EQ(back->allocation_size, 2u << 20);
+  EXPECT_EQ(back->allocation_id, 18446744073709551615u);
   EXPECT_EQ(back->Encode(), text);
 }
 
 TEST(CudaIpcHandleTest, RejectsMalformed) {
   const std::string hex(128, 'a');
   for (const std::string& bad : std::initializer_list<std::string>{
-           "", "mc-cuda-ipc:v1:", "mc-cuda-ipc:v2:fd:7:0:100:200:12:2097152", "mc-cuda-ipc:v1:vmm:7:0:1:2:3:4",
-           "mc-cuda-ipc:v1:fd:7:0:100:200:12", "mc-cuda-ipc:v1:fd:0:0:100:200:12:2097152",
-           "mc-cuda-ipc:v1:fd:7:0:100:0:12:2097152", "mc-cuda-ipc:v1:fd:7:0:100:200:12:250",
-           "mc-cuda-ipc:v1:fd:7:x:100:200:12:2097152", "mc-cuda-ipc:v1:legacy:7:0:0:1:" + hex.substr(1),
+           "", "mc-cuda-ipc:v1:", "mc-cuda-ipc:v2:fd:7:0:100:200:12:2097152:1", "mc-cuda-ipc:v1:vmm:7:0:1:2:3:4",
+           "mc-cuda-ipc:v1:fd:7:0:100:200:12", "mc-cuda-ipc:v1:fd:7:0:100:200:12:2097152",
+           "mc-cuda-ipc:v1:fd:7:0:100:200:12:2097152:x", "mc-cuda-ipc:v1:fd:7:0:100:200:12:2097152:1:2",
+           "mc-cuda-ipc:v1:fd:0:0:100:200:12:2097152:1", "mc-cuda-ipc:v1:fd:7:0:100:0:12:2097152:1",
+           "mc-cuda-ipc:v1:fd:7:0:100:200:12:250:1", "mc-cuda-ipc:v1:fd:7:x:100:200:12:2097152:1", "mc-cuda-ipc:v1:legacy:7:0:0:1:" + hex.substr(1),
            "mc-cuda-ipc:v1:legacy:7:0:0:1:" + hex.substr(1) + "g", "mc-cuda-ipc:v1:legacy:7:0:0:1:" + hex + ":1",
            "mc-cuda-ipc:v1:legacy:7:0:18446744073709551615:2:" + hex, "mc-host-emulation-ipc:v1:1:2:3:4:5:6"}) {
     auto r = CudaIpcHandle::Decode(bad);

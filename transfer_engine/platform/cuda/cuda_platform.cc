@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -24,6 +26,17 @@ std::string Addr(const void* p) { return Hex(reinterpret_cast<uintptr_t>(p)); }
 CUdeviceptr Dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
 void* Ptr(CUdeviceptr d) { return reinterpret_cast<void*>(static_cast<uintptr_t>(d)); }
 
+// An id no other allocation of this process has: a count from a random base drawn once per process, so a later
+// process that reuses the pid (and fd numbers) is all but certain to hand out other ids.
+uint64_t NextAllocationId() {
+  static const uint64_t base = [] {
+    std::random_device rd;
+    return static_cast<uint64_t>(rd()) << 32 ^ static_cast<uint64_t>(rd());
+  }();
+  static std::atomic<uint64_t> count{0};
+  return base + count.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 // One Allocate.
 struct Allocation {
   AllocationKind kind;
@@ -32,13 +45,14 @@ struct Allocation {
   size_t mapped = 0;      // kShareable: the granularity-aligned size reserved and mapped
   CUmemGenericAllocationHandle vmm = 0;  // kShareable
   int exported_fd = -1;   // kShareable: the fd ExportIpc handed out (kept until Free)
+  uint64_t id = 0;        // kShareable: unique among this process's allocations (the handle's allocation_id)
 };
 
 // One ImportIpc mapping, shared by the imports of the same exported allocation.
 struct Mapping {
   CudaIpcHandle::Kind kind;
   CUdeviceptr base = 0;   // the mapped allocation
-  size_t size = 0;        // kPosixFd: reserved and mapped bytes
+  size_t size = 0;        // its bytes: kPosixFd reserved and mapped, kLegacy as cuMemGetAddressRange reports
   CUmemGenericAllocationHandle vmm = 0;  // kPosixFd
   int device = 0;
   int refs = 0;
@@ -50,11 +64,34 @@ struct Import {
   int refs;
 };
 
+// For its lifetime: whatever the calling thread does to its current context is undone at the end, which
+// restores the context current at construction (none included). Every public entry point that makes a device's
+// context current holds one, so callers (torch, say) keep their own context.
+class ContextScope {
+ public:
+  explicit ContextScope(const cuda::DriverApi& api) : api_(api) {
+    saved_ = api_.cuCtxGetCurrent(&previous_) == CUDA_SUCCESS;
+  }
+  ~ContextScope() {
+    if (!saved_) return;
+    CUcontext now = nullptr;
+    if (api_.cuCtxGetCurrent(&now) != CUDA_SUCCESS || now != previous_) api_.cuCtxSetCurrent(previous_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const cuda::DriverApi& api_;
+  CUcontext previous_ = nullptr;
+  bool saved_ = false;
+};
+
 class EventCompletion final : public CopyCompletion {
  public:
   EventCompletion(std::shared_ptr<const Driver> driver, CUcontext ctx, CUevent event)
       : driver_(std::move(driver)), ctx_(ctx), event_(event) {}
   ~EventCompletion() override {
+    ContextScope scope(driver_->api());
     driver_->api().cuCtxSetCurrent(ctx_);
     driver_->api().cuEventDestroy(event_);
   }
@@ -62,6 +99,7 @@ class EventCompletion final : public CopyCompletion {
   bool Done() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return true;
+    ContextScope scope(driver_->api());
     driver_->api().cuCtxSetCurrent(ctx_);
     CUresult r = driver_->api().cuEventQuery(event_);
     if (r == CUDA_ERROR_NOT_READY) return false;
@@ -72,6 +110,7 @@ class EventCompletion final : public CopyCompletion {
   Status Wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!done_) {
+      ContextScope scope(driver_->api());
       driver_->api().cuCtxSetCurrent(ctx_);
       Finish(driver_->api().cuEventSynchronize(event_));
     }
@@ -108,10 +147,8 @@ class CudaPlatform final : public Platform {
   std::optional<MemoryKind> Classify(const void* ptr) override {
     if (!Init().ok() || ptr == nullptr) return std::nullopt;
     const auto& api = driver_->api();
-    CUcontext current = nullptr;
-    if (api.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr) {
-      if (!EnterDevice(0).ok()) return std::nullopt;
-    }
+    // No context is entered or created: under unified addressing the driver answers these two attributes
+    // with none current. Where it wants one (CUDA_ERROR_INVALID_CONTEXT), the answer is nullopt.
     unsigned int memory_type = 0;
     int ordinal = -1;
     CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
@@ -126,6 +163,7 @@ class CudaPlatform final : public Platform {
     MC_RETURN_IF_ERROR(Init());
     if (length == 0) return InvalidArgument("cuda: cannot allocate 0 bytes");
     if (kind == AllocationKind::kPinnedHost && device < 0) device = 0;
+    ContextScope scope(driver_->api());
     MC_RETURN_IF_ERROR(EnterDevice(device));
     const auto& api = driver_->api();
     Allocation a{kind, length, device};
@@ -144,14 +182,15 @@ class CudaPlatform final : public Platform {
       ptr = *vmm;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (kind == AllocationKind::kShareable) a.id = NextAllocationId();
     allocations_[reinterpret_cast<uintptr_t>(ptr)] = a;
     return ptr;
   }
 
   Status Free(void* ptr, size_t length, AllocationKind kind) override {
     MC_RETURN_IF_ERROR(Init());
-    Allocation a;
-    {
+    // The allocation at `ptr` matching `length` and `kind`, removed from the bookkeeping when `take`.
+    auto find = [&](bool take, Allocation* out) -> Status {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
       if (it == allocations_.end()) {
@@ -163,10 +202,17 @@ class CudaPlatform final : public Platform {
                                " does not match its allocation (" + std::to_string(it->second.length) +
                                " bytes / kind " + std::to_string(static_cast<int>(it->second.kind)) + ")");
       }
-      a = it->second;
-      allocations_.erase(it);
-    }
+      *out = it->second;
+      if (take) allocations_.erase(it);
+      return Status::Ok();
+    };
+    Allocation a;
+    MC_RETURN_IF_ERROR(find(false, &a));
+    ContextScope scope(driver_->api());
+    // The allocation leaves the bookkeeping only once its device is entered: a failure to enter it leaves the
+    // allocation in place for a later Free.
     MC_RETURN_IF_ERROR(EnterDevice(a.device));
+    MC_RETURN_IF_ERROR(find(true, &a));  // again: a concurrent Free or ExportIpc may have changed it
     const auto& api = driver_->api();
     if (a.exported_fd >= 0) close(a.exported_fd);
     if (kind == AllocationKind::kPinnedHost) return Check(api.cuMemFreeHost(ptr), "cuMemFreeHost");
@@ -181,6 +227,7 @@ class CudaPlatform final : public Platform {
     MC_RETURN_IF_ERROR(Init());
     if (ptr == nullptr || length == 0) return InvalidArgument("cuda: ExportIpc needs a non-null address and length");
     const auto& api = driver_->api();
+    ContextScope scope(api);
     CudaIpcHandle h;
     h.pid = getpid();
     h.length = length;
@@ -206,6 +253,7 @@ class CudaPlatform final : public Platform {
       h.offset = addr - base;
       h.fd = *fd;
       h.allocation_size = ours->mapped;
+      h.allocation_id = ours->id;
       return h.Encode();
     }
     // Any other device memory (ours from cuMemAlloc, or another library's): a legacy handle of its allocation.
@@ -251,12 +299,25 @@ class CudaPlatform final : public Platform {
     whole.length = 1;
     const std::string key = whole.Encode();
 
+    ContextScope scope(driver_->api());
     std::lock_guard<std::mutex> lock(import_mu_);
     auto m = mappings_.find(key);
     if (m == mappings_.end()) {
       StatusOr<Mapping> mapped = Map(*h, device);
       if (!mapped.ok()) return mapped.status();
       m = mappings_.emplace(key, *mapped).first;
+    }
+    if (h->offset > m->second.size || h->length > m->second.size - h->offset) {
+      Status outside = InvalidArgument("cuda: the handle's range [" + std::to_string(h->offset) + ", +" +
+                                       std::to_string(h->length) + ") runs past its allocation of " +
+                                       std::to_string(m->second.size) + " bytes");
+      if (m->second.refs == 0) {  // mapped just now for this import
+        Mapping gone = m->second;
+        mappings_.erase(m);
+        Status st = Unmap(gone);
+        (void)st;
+      }
+      return outside;
     }
     const uintptr_t local = static_cast<uintptr_t>(m->second.base) + h->offset;
     auto it = imports_.find(local);
@@ -274,6 +335,7 @@ class CudaPlatform final : public Platform {
 
   Status CloseIpc(void* mapped, size_t length) override {
     MC_RETURN_IF_ERROR(Init());
+    ContextScope scope(driver_->api());
     std::lock_guard<std::mutex> lock(import_mu_);
     auto it = imports_.find(reinterpret_cast<uintptr_t>(mapped));
     if (it == imports_.end()) return InvalidArgument("cuda: " + Addr(mapped) + " is not an address ImportIpc returned");
@@ -295,6 +357,7 @@ class CudaPlatform final : public Platform {
     if (length > 0 && (dst == nullptr || src == nullptr)) {
       return InvalidArgument("cuda: copy of " + std::to_string(length) + " bytes with a null address");
     }
+    ContextScope scope(driver_->api());
     if (device == -1) {
       std::optional<MemoryKind> d = Classify(dst), s = Classify(src);
       device = d && d->is_device() ? d->device : s && s->is_device() ? s->device : 0;
@@ -493,6 +556,18 @@ class CudaPlatform final : public Platform {
       memcpy(ipc.reserved, h.legacy.data(), sizeof(ipc.reserved));
       MC_RETURN_IF_ERROR(Check(api.cuIpcOpenMemHandle(&m.base, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                                "cuIpcOpenMemHandle", ErrorCode::kInvalidArgument));
+      CUdeviceptr range_base = 0;
+      size_t size = 0;
+      Status range = Check(api.cuMemGetAddressRange(&range_base, &size, m.base), "cuMemGetAddressRange");
+      if (range.ok() && range_base != m.base) {
+        range = Status(ErrorCode::kContext, "cuda: cuIpcOpenMemHandle returned " + Hex(m.base) +
+                                                ", inside the allocation at " + Hex(range_base));
+      }
+      if (!range.ok()) {
+        api.cuIpcCloseMemHandle(m.base);
+        return range;
+      }
+      m.size = size;
       return m;
     }
     StatusOr<int> fd = platform_util::DuplicateRemoteFd(h.pid, h.fd, "cuda");

@@ -15,10 +15,12 @@ namespace mooncake::te {
 /// - Probe: loads the driver, cuInit, counts devices; the first call does the work, later calls return the
 ///   same verdict. Unusable reasons are the exact cause ("libcuda.so.1: cannot open shared object file: No
 ///   such file or directory", "cuInit failed: CUDA_ERROR_NO_DEVICE (100): ...", "no CUDA device").
-/// - Contexts: every call on device d makes d's primary context current on the calling thread (as
-///   cudaSetDevice does) and retains it for the life of the platform.
+/// - Contexts: a call on device d retains d's primary context (once, for the life of the platform) and makes it
+///   current while it works; every call returns with the calling thread's current context as it found it
+///   (none included).
 /// - Classify: cuPointerGetAttributes: device memory (cuMemAlloc, VMM, IPC-mapped, other libraries' too) is
-///   "cuda:<ordinal>"; CUDA-pinned or registered host memory is host; anything else nullopt.
+///   "cuda:<ordinal>"; CUDA-pinned or registered host memory is host; anything else nullopt. It never enters,
+///   creates or retains a context: where the driver cannot answer without one current, nullopt.
 /// - Allocate: kPinnedHost = cuMemHostAlloc (portable, mapped); kDevice = cuMemAlloc; kShareable = cuMemCreate
 ///   (POSIX-fd handle type, rounded up to the allocation granularity) mapped and made accessible to `device`.
 ///   Free takes only what Allocate returned, with the same length and kind.
@@ -26,13 +28,14 @@ namespace mooncake::te {
 ///   for any other device memory (also memory this platform did not allocate) a legacy cuIpcGetMemHandle
 ///   handle of the allocation containing the range (cuda_ipc_handle.h). Pinned host memory: kNotImplemented.
 /// - ImportIpc: maps a handle of another process on this host into the handle's device ordinal (device 0 when
-///   this process has fewer devices); importing the same legacy allocation again shares one mapping
-///   (reference-counted). A handle exported by this very process cannot be imported (CUDA refuses it).
+///   this process has fewer devices); importing the same exported allocation again shares one mapping
+///   (reference-counted). A handle whose range runs past the mapped allocation is refused. A handle exported by this very process cannot be imported (CUDA refuses it).
 ///   CloseIpc undoes one ImportIpc.
 /// - CopyAsync: cuMemcpyAsync, then an event, on `stream` (a CUstream of `device`'s primary context, e.g.
 ///   torch's current stream; CU_STREAM_LEGACY / CU_STREAM_PER_THREAD name the default streams) or, when it is
 ///   null, on a per-device stream of the platform; the completion queries / synchronises the event. `device` -1
-///   picks the device of whichever side is device memory (else 0); its primary context is made current first.
+///   picks the device of whichever side is device memory (else 0); its primary context is current while the
+///   copy is enqueued.
 /// Thread-safe. Allocations and imports still held when the platform is destroyed are not released (the
 /// driver may already be shutting down at exit).
 std::shared_ptr<Platform> MakeCudaPlatform();

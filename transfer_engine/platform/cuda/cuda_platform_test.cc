@@ -15,7 +15,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -69,7 +71,35 @@ int ChildMain() {
   return 0;
 }
 
+// --- the importer child process: for each line "<handle> <pid> <length>" on stdin, imports it (keeping every
+// import) and answers "ok <first byte, 2 hex digits>" or "error <status>" on stdout ---------------------------
+
+int ImporterMain() {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  char line[1024];
+  while (fgets(line, sizeof(line), stdin) != nullptr) {
+    std::istringstream in(line);
+    std::string handle;
+    int pid = 0;
+    size_t length = 0;
+    in >> handle >> pid >> length;
+    StatusOr<void*> mapped = p->ImportIpc(handle, pid, length);
+    if (mapped.ok()) {
+      printf("ok %02x\n", *static_cast<unsigned char*>(*mapped));
+    } else {
+      printf("error %s\n", mapped.status().ToString().c_str());
+    }
+    fflush(stdout);
+  }
+  return 0;
+}
+
 const bool kIsChild = [] {
+  if (getenv("MC_TEST_IMPORTER") != nullptr) {
+    const int rc = ImporterMain();
+    fflush(stdout);
+    _exit(rc);
+  }
   if (getenv("MC_TEST_HANDLE") == nullptr) return false;
   const int rc = ChildMain();
   fflush(stdout);
@@ -117,6 +147,73 @@ ChildResult RunChild(const std::string& handle, int pid, size_t length, int patt
   waitpid(child, &status, 0);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// A running ImporterMain child.
+class Importer {
+ public:
+  Importer() {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    env_strings.push_back("MC_TEST_IMPORTER=1");
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    int to_child[2], from_child[2];
+    EXPECT_EQ(pipe2(to_child, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(from_child, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+    char self[] = "/proc/self/exe";
+    char* argv[] = {self, nullptr};
+    EXPECT_EQ(posix_spawn(&pid_, self, &actions, nullptr, argv, envp.data()), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    in_ = fdopen(to_child[1], "w");
+    out_ = fdopen(from_child[0], "r");
+  }
+  ~Importer() {
+    fclose(in_);  // EOF: the child exits
+    fclose(out_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+
+  // The child's answer to importing `handle`.
+  std::string Import(const std::string& handle, int pid, size_t length) {
+    fprintf(in_, "%s %d %zu\n", handle.c_str(), pid, length);
+    fflush(in_);
+    char line[1024] = {0};
+    if (fgets(line, sizeof(line), out_) == nullptr) return "(no answer)";
+    std::string answer(line);
+    if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+    return answer;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+};
+
+// Field `index` of a ':'-separated handle, or the handle with that field replaced by `value`.
+std::string HandleField(const std::string& handle, size_t index) {
+  std::vector<std::string> f;
+  std::stringstream in(handle);
+  for (std::string part; std::getline(in, part, ':');) f.push_back(part);
+  return index < f.size() ? f[index] : "";
+}
+std::string WithHandleField(const std::string& handle, size_t index, const std::string& value) {
+  std::vector<std::string> f;
+  std::stringstream in(handle);
+  for (std::string part; std::getline(in, part, ':');) f.push_back(part);
+  if (index < f.size()) f[index] = value;
+  std::string out;
+  for (size_t i = 0; i < f.size(); ++i) out += (i ? ":" : "") + f[i];
+  return out;
 }
 
 // Sets fake-driver knobs for one test; restores them after.
@@ -274,6 +371,7 @@ class FakeApp {
     lib_ = dlopen(FakeDriver().c_str(), RTLD_NOW | RTLD_LOCAL);  // the platform's copy: one driver state
     auto proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib_, "cuGetProcAddress_v2"));
     ops_ = reinterpret_cast<StreamOps>(dlsym(lib_, "fake_cuda_stream_ops"));
+    retains_ = reinterpret_cast<Retains>(dlsym(lib_, "fake_cuda_primary_retains"));
     auto get = [&](const char* name, int version) {
       void* fn = nullptr;
       CUdriverProcAddressQueryResult found;
@@ -283,6 +381,7 @@ class FakeApp {
     device_get_ = reinterpret_cast<PFN_cuDeviceGet_v2000>(get("cuDeviceGet", 2000));
     retain_ = reinterpret_cast<PFN_cuDevicePrimaryCtxRetain_v7000>(get("cuDevicePrimaryCtxRetain", 7000));
     set_current_ = reinterpret_cast<PFN_cuCtxSetCurrent_v4000>(get("cuCtxSetCurrent", 4000));
+    get_current_ = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(get("cuCtxGetCurrent", 4000));
     stream_create_ = reinterpret_cast<PFN_cuStreamCreate_v2000>(get("cuStreamCreate", 2000));
   }
 
@@ -298,6 +397,27 @@ class FakeApp {
     return s;
   }
 
+  // The calling thread's current context (null: none).
+  CUcontext Current() {
+    CUcontext ctx = reinterpret_cast<CUcontext>(-1);
+    EXPECT_EQ(get_current_(&ctx), CUDA_SUCCESS);
+    return ctx;
+  }
+
+  // Makes `device`'s primary context current on this thread; -1: none.
+  void MakeCurrent(int device) {
+    CUcontext ctx = nullptr;
+    if (device >= 0) {
+      CUdevice dev = 0;
+      EXPECT_EQ(device_get_(&dev, device), CUDA_SUCCESS);
+      EXPECT_EQ(retain_(&ctx, dev), CUDA_SUCCESS);
+    }
+    EXPECT_EQ(set_current_(ctx), CUDA_SUCCESS);
+  }
+
+  // How many times `device`'s primary context was retained, by anyone, so far.
+  int PrimaryRetains(int device) { return retains_(device); }
+
   // {copies, event records} the fake saw on `s`.
   std::pair<int, int> Ops(CUstream s) {
     int copies = -1, events = -1;
@@ -307,11 +427,14 @@ class FakeApp {
 
  private:
   using StreamOps = CUresult (*)(CUstream, int*, int*);
+  using Retains = int (*)(int);
   void* lib_ = nullptr;
   StreamOps ops_ = nullptr;
+  Retains retains_ = nullptr;
   PFN_cuDeviceGet_v2000 device_get_ = nullptr;
   PFN_cuDevicePrimaryCtxRetain_v7000 retain_ = nullptr;
   PFN_cuCtxSetCurrent_v4000 set_current_ = nullptr;
+  PFN_cuCtxGetCurrent_v4000 get_current_ = nullptr;
   PFN_cuStreamCreate_v2000 stream_create_ = nullptr;
 };
 
@@ -356,6 +479,91 @@ TEST(CudaPlatformTest, CopyAsyncIsEnqueuedOnTheCallersStream) {
   EXPECT_TRUE(p->Free(*dev, 4096, AllocationKind::kDevice).ok());
 }
 
+TEST(CudaPlatformTest, CallsLeaveTheCallersContextAsTheyFoundIt) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  FakeApp app;
+  std::thread([&] {
+    std::vector<unsigned char> src(4096, 0x5a), back(4096, 0);
+    // No context current: none is left current.
+    ASSERT_EQ(app.Current(), nullptr);
+    auto dev = p->Allocate(4096, AllocationKind::kDevice, 1);
+    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    EXPECT_EQ(app.Current(), nullptr);
+    auto h2d = p->CopyAsync(*dev, src.data(), src.size(), -1);
+    ASSERT_TRUE(h2d.ok()) << h2d.status().ToString();
+    EXPECT_EQ(app.Current(), nullptr);
+    EXPECT_TRUE((*h2d)->Wait().ok());
+    EXPECT_EQ(app.Current(), nullptr);
+
+    // The caller's own context (device 0's) stays current across calls that work on device 1.
+    app.MakeCurrent(0);
+    const CUcontext mine = app.Current();
+    ASSERT_NE(mine, nullptr);
+    EXPECT_EQ(p->Classify(*dev)->ToString(), "cuda:1");
+    EXPECT_EQ(app.Current(), mine);
+    auto vmm = p->Allocate(1000, AllocationKind::kShareable, 1);
+    ASSERT_TRUE(vmm.ok()) << vmm.status().ToString();
+    EXPECT_EQ(app.Current(), mine);
+    auto host = p->Allocate(1000, AllocationKind::kPinnedHost, 1);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    EXPECT_EQ(app.Current(), mine);
+    auto d2h = p->CopyAsync(back.data(), *dev, back.size(), 1);
+    ASSERT_TRUE(d2h.ok()) << d2h.status().ToString();
+    EXPECT_EQ(app.Current(), mine);
+    EXPECT_TRUE((*d2h)->Done());
+    EXPECT_EQ(app.Current(), mine);
+    d2h->reset();
+    EXPECT_EQ(app.Current(), mine);
+    EXPECT_EQ(back, src);
+    EXPECT_TRUE(p->ExportIpc(*dev, 4096).ok());
+    EXPECT_TRUE(p->ExportIpc(*vmm, 1000).ok());
+    EXPECT_EQ(app.Current(), mine);
+    EXPECT_TRUE(p->Free(*dev, 4096, AllocationKind::kDevice).ok());
+    EXPECT_TRUE(p->Free(*vmm, 1000, AllocationKind::kShareable).ok());
+    EXPECT_TRUE(p->Free(*host, 1000, AllocationKind::kPinnedHost).ok());
+    EXPECT_EQ(app.Current(), mine);
+    app.MakeCurrent(-1);
+  }).join();
+}
+
+TEST(CudaPlatformTest, ClassifyOnAThreadWithoutAContextCreatesNone) {
+  auto owner = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(owner->Probe().usable);
+  auto dev = owner->Allocate(4096, AllocationKind::kDevice, 1);
+  auto host = owner->Allocate(4096, AllocationKind::kPinnedHost, 0);
+  ASSERT_TRUE(dev.ok() && host.ok());
+  FakeApp app;
+  auto classify_on_a_bare_thread = [&](const std::shared_ptr<Platform>& p, const char* want_dev,
+                                       const char* want_host) {
+    std::thread([&] {
+      ASSERT_EQ(app.Current(), nullptr);
+      const int before0 = app.PrimaryRetains(0), before1 = app.PrimaryRetains(1);
+      std::optional<MemoryKind> d = p->Classify(*dev), h = p->Classify(*host);
+      EXPECT_EQ(d ? d->ToString() : "nullopt", want_dev);
+      EXPECT_EQ(h ? h->ToString() : "nullopt", want_host);
+      int on_stack = 0;
+      EXPECT_FALSE(p->Classify(&on_stack).has_value());
+      EXPECT_EQ(app.Current(), nullptr);
+      EXPECT_EQ(app.PrimaryRetains(0), before0);
+      EXPECT_EQ(app.PrimaryRetains(1), before1);
+    }).join();
+  };
+  auto fresh = MakeCudaPlatform({FakeDriver()});  // has retained no context yet
+  ASSERT_TRUE(fresh->Probe().usable);
+  classify_on_a_bare_thread(fresh, "cuda:1", "host");
+  {
+    // A driver that wants a context for pointer attributes: nullopt, still none created.
+    FakeEnv env({{"FAKE_CUDA_POINTER_NEEDS_CONTEXT", "1"}});
+    auto strict = MakeCudaPlatform({FakeDriver()});
+    ASSERT_TRUE(strict->Probe().usable);
+    classify_on_a_bare_thread(strict, "nullopt", "nullopt");
+  }
+  ASSERT_TRUE(MakeCudaPlatform({FakeDriver()})->Probe().usable);  // cuInit again: the knob's default
+  EXPECT_TRUE(owner->Free(*dev, 4096, AllocationKind::kDevice).ok());
+  EXPECT_TRUE(owner->Free(*host, 4096, AllocationKind::kPinnedHost).ok());
+}
+
 class CudaIpcTest : public ::testing::TestWithParam<AllocationKind> {};
 
 TEST_P(CudaIpcTest, ExportHereImportInAChildProcess) {
@@ -394,6 +602,15 @@ TEST_P(CudaIpcTest, ExportHereImportInAChildProcess) {
   EXPECT_EQ(garbage.exit_code, 3) << garbage.out;
   EXPECT_NE(garbage.out.find("not a cuda IPC handle"), std::string::npos) << garbage.out;
 
+  // A legacy handle whose range the real allocation does not hold is refused after mapping.
+  if (GetParam() == AllocationKind::kDevice) {
+    const std::string past = WithHandleField(*handle, 5, std::to_string(size - 100));  // offset
+    ChildResult outside = RunChild(past, getpid(), length, 1);
+    EXPECT_EQ(outside.exit_code, 3) << outside.out;
+    EXPECT_NE(outside.out.find("runs past its allocation of " + std::to_string(size) + " bytes"), std::string::npos)
+        << outside.out;
+  }
+
   EXPECT_EQ(p->ExportIpc(base, size + 1).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(p->ExportIpc(base, 0).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(p->Free(*dev, size, GetParam()).ok());
@@ -401,6 +618,31 @@ TEST_P(CudaIpcTest, ExportHereImportInAChildProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CudaIpcTest, ::testing::Values(AllocationKind::kDevice, AllocationKind::kShareable),
                          [](const auto& info) { return info.param == AllocationKind::kDevice ? "Legacy" : "PosixFd"; });
+
+TEST(CudaPlatformTest, AReusedFdNumberNamesTheNewAllocation) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  const size_t size = 4096;
+  auto first = p->Allocate(size, AllocationKind::kShareable, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  memset(*first, 0x11, size);
+  auto h1 = p->ExportIpc(*first, size);
+  ASSERT_TRUE(h1.ok()) << h1.status().ToString();
+  Importer child;
+  EXPECT_EQ(child.Import(*h1, getpid(), size), "ok 11");  // kept mapped in the child
+
+  ASSERT_TRUE(p->Free(*first, size, AllocationKind::kShareable).ok());
+  auto second = p->Allocate(size, AllocationKind::kShareable, 0);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  memset(*second, 0x22, size);
+  auto h2 = p->ExportIpc(*second, size);
+  ASSERT_TRUE(h2.ok()) << h2.status().ToString();
+  ASSERT_EQ(HandleField(*h1, 7), HandleField(*h2, 7)) << "the exported fd number is not reused: " << *h1 << " / "
+                                                      << *h2;
+  EXPECT_NE(HandleField(*h1, 9), HandleField(*h2, 9)) << *h1 << " / " << *h2;
+  EXPECT_EQ(child.Import(*h2, getpid(), size), "ok 22");
+  EXPECT_TRUE(p->Free(*second, size, AllocationKind::kShareable).ok());
+}
 
 TEST(CudaPlatformTest, ExportRefusesHostMemory) {
   auto p = MakeCudaPlatform({FakeDriver()});

@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <limits>
 #include <utility>
 
 #include "transfer_engine/common/format.h"
+
+#include "transfer_engine/platform/util/parse.h"
 
 namespace mooncake::te::gpu {
 namespace {
@@ -39,18 +42,6 @@ bool FromHex(std::string_view hex, std::string* out) {
   return true;
 }
 
-bool ParseU64(std::string_view s, uint64_t* out) {
-  if (s.empty() || s.size() > 20) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  *out = v;
-  return true;
-}
 
 // A decoded "mc-<name>-ipc:v1:<pid>:<device>:<offset>:<length>:<hex>".
 struct Handle {
@@ -74,10 +65,10 @@ StatusOr<Handle> DecodeHandle(const std::string& prefix, std::string_view text) 
     if (i == 4 && colon != std::string_view::npos) return bad("expected pid:device:offset:length:handle");
   }
   Handle h;
-  if (!ParseU64(f[0], &h.pid) || h.pid == 0 || h.pid > std::numeric_limits<int>::max()) return bad("bad pid");
-  if (!ParseU64(f[1], &h.device) || h.device > 1 << 16) return bad("bad device");
-  if (!ParseU64(f[2], &h.offset)) return bad("bad offset");
-  if (!ParseU64(f[3], &h.length) || h.length == 0 || h.offset + h.length < h.offset) return bad("bad length");
+  if (!platform_util::ParseDecimal(f[0], UINT64_MAX, &h.pid) || h.pid == 0 || h.pid > std::numeric_limits<int>::max()) return bad("bad pid");
+  if (!platform_util::ParseDecimal(f[1], UINT64_MAX, &h.device) || h.device > 1 << 16) return bad("bad device");
+  if (!platform_util::ParseDecimal(f[2], UINT64_MAX, &h.offset)) return bad("bad offset");
+  if (!platform_util::ParseDecimal(f[3], UINT64_MAX, &h.length) || h.length == 0 || h.offset + h.length < h.offset) return bad("bad length");
   if (!FromHex(f[4], &h.bytes)) return bad("the runtime handle must be lower-case hex");
   return h;
 }

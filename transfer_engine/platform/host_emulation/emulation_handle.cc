@@ -1,32 +1,16 @@
 #include "transfer_engine/platform/host_emulation/emulation_handle.h"
 
+#include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "transfer_engine/platform/util/parse.h"
 
 namespace mooncake::te::host_emulation {
 namespace {
 
 constexpr std::string_view kPrefix = "mc-host-emulation-ipc:v1:";
 
-bool ParseU64(std::string_view s, uint64_t* out) {
-  if (s.empty() || s.size() > 20) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  *out = v;
-  return true;
-}
-
-bool ParseInt(std::string_view s, int* out) {
-  uint64_t v = 0;
-  if (!ParseU64(s, &v) || v > static_cast<uint64_t>(std::numeric_limits<int>::max())) return false;
-  *out = static_cast<int>(v);
-  return true;
-}
 
 Status Bad(std::string_view text, const char* why) {
   std::string shown(text.substr(0, 120));
@@ -53,13 +37,13 @@ StatusOr<EmulationHandle> EmulationHandle::Decode(std::string_view text) {
   }
   if (fields.size() != 6) return Bad(text, "expected the fields pid:fd:serial:offset:length:device");
   EmulationHandle h;
-  if (!ParseInt(fields[0], &h.pid) || h.pid <= 0) return Bad(text, "bad pid");
-  if (!ParseInt(fields[1], &h.fd)) return Bad(text, "bad fd");
-  if (!ParseU64(fields[2], &h.serial)) return Bad(text, "bad serial");
-  if (!ParseU64(fields[3], &h.offset)) return Bad(text, "bad offset");
-  if (!ParseU64(fields[4], &h.length) || h.length == 0) return Bad(text, "bad length");
+  if (!platform_util::ParseDecimalInt(fields[0], &h.pid) || h.pid <= 0) return Bad(text, "bad pid");
+  if (!platform_util::ParseDecimalInt(fields[1], &h.fd)) return Bad(text, "bad fd");
+  if (!platform_util::ParseDecimal(fields[2], UINT64_MAX, &h.serial)) return Bad(text, "bad serial");
+  if (!platform_util::ParseDecimal(fields[3], UINT64_MAX, &h.offset)) return Bad(text, "bad offset");
+  if (!platform_util::ParseDecimal(fields[4], UINT64_MAX, &h.length) || h.length == 0) return Bad(text, "bad length");
   if (h.offset + h.length < h.offset) return Bad(text, "offset + length overflows");
-  if (!ParseInt(fields[5], &h.device)) return Bad(text, "bad device");
+  if (!platform_util::ParseDecimalInt(fields[5], &h.device)) return Bad(text, "bad device");
   return h;
 }
 

@@ -70,6 +70,12 @@ Status CxlTransport::Start(const TransportContext& ctx) {
 
 void CxlTransport::Stop() {
   if (workers_) workers_->Stop();  // the queue drains first: every slice completes
+  // The slot is released (its epoch advanced) before the allocations are freed: once a freed range can be
+  // handed out again, no peer may still take this engine's descriptors for live.
+  if (device_ && slot_ >= 0) {
+    device_->ReleaseSlot(slot_);
+    slot_ = -1;
+  }
   if (device_) {
     std::lock_guard lock(alloc_mu_);
     for (uint64_t offset : allocations_) {
@@ -77,10 +83,6 @@ void CxlTransport::Stop() {
       (void)st;
     }
     allocations_.clear();
-  }
-  if (device_ && slot_ >= 0) {
-    device_->ReleaseSlot(slot_);  // peers' next copies see this engine gone
-    slot_ = -1;
   }
   std::lock_guard lock(mu_);
   peers_.clear();

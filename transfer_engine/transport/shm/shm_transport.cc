@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <unordered_map>
+#include <shared_mutex>
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
@@ -71,6 +73,27 @@ Status Attach(int pid, OpCode op, char* local, uint64_t remote, size_t len) {
   return Status::Ok();
 }
 
+// The engines of this process, by instance. A copy into one of them goes through that engine's own registry
+// (never through the ranges a descriptor claims), holding `mu` shared; its Stop takes `mu` exclusively to
+// leave, so once Stop returns no copy of this process touches its memory.
+struct LocalEngines {
+  std::shared_mutex mu;
+  std::unordered_map<std::string, MemoryRegistry*> by_instance;
+};
+LocalEngines& Local() {
+  static auto* engines = new LocalEngines();  // never destroyed: transports may stop during exit
+  return *engines;
+}
+
+// The size of a peer's memfd when it can never shrink (F_SEAL_SHRINK): only then may it stay mapped here (a
+// file that shrinks under a mapping turns the next access into SIGBUS); -1 otherwise.
+off_t SealedSize(int fd) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) != 0) return -1;
+  return st.st_size;
+}
+
 // Copies the slice's bytes at `remote`, a pointer valid in this process.
 ParallelCopier::PartFn MemcpyParts(Slice* s, char* remote) {
   return [s, remote](size_t offset, size_t len) {
@@ -97,10 +120,12 @@ TransportCapabilities ShmTransport::capabilities() const {
 class ShmTransport::EpochPage {
  public:
   EpochPage() {
-    int fd = memfd_create("mooncake-epoch", MFD_CLOEXEC);
+    int fd = memfd_create("mooncake-epoch", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return;
     void* p = MAP_FAILED;
-    if (ftruncate(fd, 4096) == 0) p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ftruncate(fd, 4096) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0) {
+      p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
     if (p == MAP_FAILED) {
       close(fd);
       return;
@@ -134,6 +159,10 @@ Status ShmTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
   pid_ = getpid();
   epoch_ = std::make_unique<EpochPage>();
+  {
+    std::unique_lock lock(Local().mu);
+    Local().by_instance[ctx.instance] = ctx.memory;
+  }
   if (!copier_) copier_ = std::make_unique<ParallelCopier>(copy_threads_);
   workers_ = std::make_unique<WorkQueue>(threads_);
   return Status::Ok();
@@ -169,6 +198,10 @@ void ShmTransport::Stop() {
   // Peers that mapped the epoch page (engines of this process included, which no process watch covers) see
   // it move on: their cached descriptors are stale, and a refresh finds this engine gone.
   if (epoch_) epoch_->Advance();
+  {
+    std::unique_lock lock(Local().mu);  // waits for copies of this process into our memory
+    Local().by_instance.erase(ctx_.instance);
+  }
   std::lock_guard lock(mu_);
   peers_.clear();
 }
@@ -234,8 +267,8 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
     auto it = p.mappings.find(shm_fd);
     // A mapping made under another epoch may be of a memfd the peer has since freed (and whose number it
     // reused): map the descriptor's file afresh.
-    if (it != p.mappings.end() && it->second->epoch == epoch &&
-        it->second->length >= shm_offset + buf.length) {
+    if (it != p.mappings.end() && it->second->epoch == epoch && shm_offset <= it->second->length &&
+        buf.length <= it->second->length - shm_offset) {
       return it->second;
     }
   }
@@ -243,18 +276,23 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(shm_fd);
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Status(ErrorCode::kSocket, "open " + path + ": " + strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < shm_offset + buf.length) {
+  off_t size = SealedSize(fd);
+  if (size < 0) {
+    close(fd);
+    return Status(ErrorCode::kSocket, path + " may shrink (no F_SEAL_SHRINK): not mapped");
+  }
+  const uint64_t usize = static_cast<uint64_t>(size);
+  if (shm_offset > usize || buf.length > usize - shm_offset) {
     close(fd);
     return Status(ErrorCode::kSocket, path + " is smaller than the buffer it should back");
   }
-  void* base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base != MAP_FAILED) madvise(base, static_cast<size_t>(st.st_size), MADV_HUGEPAGE);  // see managed_memory.cc
+  void* base = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base != MAP_FAILED) madvise(base, static_cast<size_t>(size), MADV_HUGEPAGE);  // see managed_memory.cc
   close(fd);
   if (base == MAP_FAILED) return Status(ErrorCode::kMemory, "mmap " + path + ": " + strerror(errno));
   auto m = std::make_shared<Mapping>();
   m->base = static_cast<char*>(base);
-  m->length = static_cast<size_t>(st.st_size);
+  m->length = static_cast<size_t>(size);
   m->epoch = epoch;
   {
     std::lock_guard lock(mu_);
@@ -274,6 +312,10 @@ Status ShmTransport::CheckEpoch(const SegmentDescriptor& desc) {
     if (!p.epoch && epoch_fd && *epoch_fd >= 0) {
       std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(*epoch_fd);
       int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0 && SealedSize(fd) < 4096) {
+        close(fd);
+        fd = -1;
+      }
       if (fd >= 0) {
         void* page = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
         close(fd);
@@ -326,7 +368,7 @@ Status ShmTransport::CopySlice(const SegmentDescriptor& desc, Slice* s) {
   if (desc.json.value("instance", "") == ctx_.instance) {
     // This engine's own segment: its registry is the authority, and the pin blocks unregistering meanwhile.
     RegionPin pin = ctx_.memory->Find(s->remote, s->length, /*remote=*/true);
-    if (!pin) {
+    if (!pin || pin->kind.type != MemoryType::kHost) {
       return Status(ErrorCode::kRemoteRejected,
                     "range " + Range(s->remote, s->length) + " is not registered for remote access");
     }
@@ -346,7 +388,18 @@ Status ShmTransport::CopyToPeer(const SegmentDescriptor& desc, Slice* s) {
                   "range " + Range(s->remote, s->length) + " is not inside a buffer of '" + desc.name + "'");
   }
   int pid = desc.json.value("pid", 0);
-  if (pid == pid_) {  // another engine in this process: same address space
+  if (pid == pid_) {  // another engine in this process: same address space, its registry decides
+    std::shared_lock lock(Local().mu);
+    auto it = Local().by_instance.find(desc.json.value("instance", ""));
+    if (it == Local().by_instance.end()) {
+      return Status(ErrorCode::kPeerUnreachable, "segment '" + desc.name + "' was an engine of this process that "
+                                                     "has stopped; its name may have a new owner");
+    }
+    RegionPin pin = it->second->Find(s->remote, s->length, /*remote=*/true);
+    if (!pin || pin->kind.type != MemoryType::kHost) {
+      return Status(ErrorCode::kStaleMetadata, "'" + desc.name + "' no longer registers " + Range(s->remote, s->length) +
+                                                   " for remote access");
+    }
     return CopyInParts(desc, s, nullptr, MemcpyParts(s, reinterpret_cast<char*>(s->remote)));
   }
   if (JsonInt(buf->json, "shm_fd").value_or(-1) >= 0) {

@@ -165,6 +165,8 @@ bool ServerConnection::ReadRequests() {
     if (h.op != FrameOp::kWrite || h.length == 0) frame_start_ = std::chrono::steady_clock::now();  // complete
     const uint64_t generation = memory_->generation();  // read before the lookup: a later unregistration changes it
     RegionPin pin = memory_->Find(h.addr, h.length, /*remote=*/true);
+    // Only host memory this transport took part in registering: a device region is not for memcpy.
+    if (pin && (pin->kind.type != MemoryType::kHost || pin->declined_by("tcp"))) pin.reset();
     if (h.op == FrameOp::kWrite) {
       write_seq_ = h.seq;
       write_generation_ = generation;

@@ -1,16 +1,19 @@
 // A FAKE CUDA driver for the cuda platform's tests on machines without a GPU: a shared library that exports
-// cuGetProcAddress_v2 (or, built with -DFAKE_CUDA_V1_ONLY, only cuGetProcAddress), like libcuda's entry, plus one
-// test hook (fake_cuda_stream_ops, below), and implements the entry points the platform resolves on host memory.
-// It is not CUDA; it checks the platform's discipline as the real driver would: cuInit first, a current context
-// for allocations, streams and events, copies and events only on streams cuStreamCreate made (or the default
-// streams CU_STREAM_LEGACY / CU_STREAM_PER_THREAD), with the stream's own context current.
+// cuGetProcAddress_v2 (or, built with -DFAKE_CUDA_V1_ONLY, only cuGetProcAddress), like libcuda's entry, plus
+// test hooks (fake_cuda_stream_ops, fake_cuda_primary_retains, below), and implements the entry points the
+// platform resolves on host memory. It is not CUDA; it checks the platform's discipline as the real driver would:
+// cuInit first, a current context (per thread) for allocations, streams and events, copies and events only on
+// streams cuStreamCreate made (or the default streams CU_STREAM_LEGACY / CU_STREAM_PER_THREAD), with the
+// stream's own context current. cuPointerGetAttribute(s) answer MEMORY_TYPE and DEVICE_ORDINAL with no context
+// current, as the real driver does under unified addressing.
 //
 // "Device" memory is a memfd mapping (so legacy IPC handles can name it across processes), VMM handles are
 // memfds (exported as a dup of the fd, as CUDA's POSIX-fd handles are), host memory is an anonymous mapping.
 //
 // Knobs (environment, read at cuInit): FAKE_CUDA_DEVICES (default 2), FAKE_CUDA_INIT_RESULT (cuInit's result,
 // default 0), FAKE_CUDA_MISSING (an entry point reported as absent), FAKE_CUDA_EVENT_PENDING (how many
-// cuEventQuery calls answer CUDA_ERROR_NOT_READY before success).
+// cuEventQuery calls answer CUDA_ERROR_NOT_READY before success), FAKE_CUDA_POINTER_NEEDS_CONTEXT (when 1,
+// cuPointerGetAttribute(s) answer CUDA_ERROR_INVALID_CONTEXT on a thread with no current context).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <fcntl.h>
@@ -58,6 +61,8 @@ std::mutex mu;
 bool initialized = false;
 int devices = 2;
 int event_pending = 0;
+bool pointer_needs_context = false;
+std::map<int, int> primary_retains;  // device -> cuDevicePrimaryCtxRetain calls
 std::string missing;
 std::map<uintptr_t, Region> regions;
 thread_local int current = -1;  // device of the current context
@@ -89,6 +94,7 @@ CUresult FakeInit(unsigned int flags) {
   std::lock_guard<std::mutex> lock(mu);
   devices = EnvInt("FAKE_CUDA_DEVICES", 2);
   event_pending = EnvInt("FAKE_CUDA_EVENT_PENDING", 0);
+  pointer_needs_context = EnvInt("FAKE_CUDA_POINTER_NEEDS_CONTEXT", 0) == 1;
   initialized = true;
   return CUDA_SUCCESS;
 }
@@ -146,6 +152,8 @@ CUresult FakeDeviceGetAttribute(int* v, CUdevice_attribute, CUdevice) {
 CUresult FakePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
   if (CUresult r = Ready(false)) return r;
   if (d < 0 || d >= devices) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(mu);
+  ++primary_retains[d];
   *ctx = reinterpret_cast<CUcontext>(static_cast<intptr_t>(d) + 1);
   return CUDA_SUCCESS;
 }
@@ -175,7 +183,7 @@ CUresult Attribute(CUpointer_attribute attr, void* data, CUdeviceptr ptr) {
 }
 
 CUresult FakePointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
-  if (CUresult r = Ready(false)) return r;
+  if (CUresult r = Ready(pointer_needs_context)) return r;
   std::lock_guard<std::mutex> lock(mu);
   uintptr_t base = 0;
   if (Find(static_cast<uintptr_t>(ptr), &base) == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -183,7 +191,7 @@ CUresult FakePointerGetAttribute(void* data, CUpointer_attribute attr, CUdevicep
 }
 
 CUresult FakePointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
-  if (CUresult r = Ready(false)) return r;
+  if (CUresult r = Ready(pointer_needs_context)) return r;
   std::lock_guard<std::mutex> lock(mu);
   for (unsigned int i = 0; i < n; ++i) {
     if (CUresult r = Attribute(attrs[i], data[i], ptr)) return r;
@@ -545,6 +553,13 @@ extern "C" __attribute__((visibility("default"))) CUresult fake_cuda_stream_ops(
   *copies = st->copies;
   *events = st->events;
   return CUDA_SUCCESS;
+}
+
+// Test hook (not a CUDA entry point): how many times device `device`'s primary context was retained so far.
+extern "C" __attribute__((visibility("default"))) int fake_cuda_primary_retains(int device) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = primary_retains.find(device);
+  return it == primary_retains.end() ? 0 : it->second;
 }
 
 #ifdef FAKE_CUDA_V1_ONLY
