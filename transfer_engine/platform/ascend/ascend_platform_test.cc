@@ -45,7 +45,9 @@ TEST(AscendPlatformTest, IsRegisteredWhenLinkedIn) {
   auto p = PlatformRegistry::Get().Find("ascend");
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->device_type(), MemoryType::kNpu);
-  if (!p->Probe().usable) EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kNpu), nullptr);
+  if (!p->Probe().usable) {
+    EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kNpu), nullptr);
+  }
 }
 
 }  // namespace

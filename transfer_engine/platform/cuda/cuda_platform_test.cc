@@ -264,7 +264,9 @@ TEST(CudaPlatformTest, IsRegisteredWhenLinkedIn) {
   auto p = PlatformRegistry::Get().Find("cuda");
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->device_type(), MemoryType::kCuda);
-  if (!p->Probe().usable) EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kCuda), nullptr);
+  if (!p->Probe().usable) {
+    EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kCuda), nullptr);
+  }
 }
 
 TEST(CudaPlatformTest, FirstSonameErrorIsReported) {

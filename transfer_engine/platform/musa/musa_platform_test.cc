@@ -45,7 +45,9 @@ TEST(MusaPlatformTest, IsRegisteredWhenLinkedIn) {
   auto p = PlatformRegistry::Get().Find("musa");
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->device_type(), MemoryType::kMusa);
-  if (!p->Probe().usable) EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kMusa), nullptr);
+  if (!p->Probe().usable) {
+    EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kMusa), nullptr);
+  }
 }
 
 }  // namespace

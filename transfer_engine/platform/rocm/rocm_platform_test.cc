@@ -46,7 +46,9 @@ TEST(RocmPlatformTest, IsRegisteredWhenLinkedIn) {
   auto p = PlatformRegistry::Get().Find("rocm");
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->device_type(), MemoryType::kRocm);
-  if (!p->Probe().usable) EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kRocm), nullptr);
+  if (!p->Probe().usable) {
+    EXPECT_EQ(PlatformRegistry::Get().ForType(MemoryType::kRocm), nullptr);
+  }
 }
 
 }  // namespace

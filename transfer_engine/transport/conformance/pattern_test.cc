@@ -17,7 +17,9 @@ TEST(PatternTest, AnyRangeMatchesTheWholeBuffersPattern) {
       FillPattern(part.data(), len, 3, off);
       EXPECT_EQ(0, memcmp(part.data(), whole.data() + off, len)) << off << "+" << len;
       EXPECT_TRUE(MatchesPattern(whole.data() + off, len, 3, off));
-      if (len) EXPECT_EQ(PatternByte(3, off + len - 1), whole[off + len - 1]);
+      if (len) {
+        EXPECT_EQ(PatternByte(3, off + len - 1), whole[off + len - 1]);
+      }
     }
   }
 }
