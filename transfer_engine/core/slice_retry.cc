@@ -91,10 +91,10 @@ void SliceRetrier::Run(const std::string& segment) {
       continue;
     }
     const Task::Route& route = slice->task->route;
-    MemoryRegion local;
-    local.kind = route.local_kind;
     RegionPin pin = s_.memory->Find(reinterpret_cast<uint64_t>(slice->local), slice->length, /*remote=*/false);
-    if (pin) local = *pin;
+    MemoryRegion unregistered;  // the task holds its pin, so this is only for a region gone meanwhile
+    unregistered.kind = route.local_kind;
+    const MemoryRegion& local = pin ? *pin : unregistered;
     Transport* t = s_.transports->Select(*desc, local, route.remote_kind,
                                          p.retry == SliceRetry::kOtherPath ? slice->tried_transports : 0);
     if (!t) {

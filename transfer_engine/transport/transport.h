@@ -99,7 +99,7 @@ struct TransportContext {
 };
 
 /// A data path between registered memory of two engines. Implementations live in their own folder under
-/// transport/ and register with MC_REGISTER_TRANSPORT (see plugin/plugin.h for the loadable form).
+/// transport/ and register with MC_TRANSPORT_PLUGIN (plugin/plugin.h: linked in, or as a loadable .so).
 ///
 /// Life cycle: Configure, Start, then any number of registrations and submissions from any thread, then Stop.
 /// Completions are reported on the transport's own threads (or the caller's, in SubmitAndDrive).
@@ -211,10 +211,5 @@ struct TransportRegistrar {
 };
 
 }  // namespace mooncake::te
-
-/// Registers `Type` (default-constructible Transport) under `name`, serving `name` as its protocol string.
-#define MC_REGISTER_TRANSPORT(name, Type)                                                           \
-  static ::mooncake::te::TransportRegistrar mc_transport_registrar_##Type(::mooncake::te::TransportPlugin{ \
-      name, {name}, "", nullptr, [] { return std::unique_ptr<::mooncake::te::Transport>(new Type()); }})
 
 #endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_TRANSPORT_H_

@@ -30,6 +30,26 @@ std::unique_ptr<TransferEngine> MakeEngine() {
 
 nlohmann::json Stats(const TransferEngine& e) { return nlohmann::json::parse(e.StatsJson()); }
 
+// A fresh engine writes 1 MiB of `fill` into `target` through its data port, and it arrives.
+void ExpectServesATransfer(TransferEngine& target, uint8_t fill) {
+  auto source = MakeEngine();
+  std::vector<uint8_t> src(1 << 20, fill), dst(1 << 20, 0);
+  ASSERT_TRUE(source->RegisterMemory(src.data(), src.size()).ok());
+  ASSERT_TRUE(target.RegisterMemory(dst.data(), dst.size()).ok());
+  auto h = source->OpenSegment(target.segment_name());
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = src.data();
+  r.target = *h;
+  r.target_address = reinterpret_cast<uint64_t>(dst.data());
+  r.length = src.size();
+  Status st = source->TransferSync({r}, std::chrono::seconds(10));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(dst, src);
+  ASSERT_TRUE(target.UnregisterMemory(dst.data()).ok());
+}
+
 int OpenDescriptors() {
   int n = 0;
   DIR* d = opendir("/proc/self/fd");
@@ -75,28 +95,9 @@ TEST(EngineTcpListenerTest, RunningOutOfDescriptorsNeitherSpinsNorLocksOut) {
   EXPECT_LT(used, 0.3) << "the process used " << used << " s of CPU in 1 s while out of descriptors";
   EXPECT_GE(Stats(*target)["listeners"]["tcp"]["evicted"].get<uint64_t>(), 1u);
 
-  auto source = MakeEngine();
-  std::vector<uint8_t> src(1 << 20, 7), dst(1 << 20, 0);
-  ASSERT_TRUE(source->RegisterMemory(src.data(), src.size()).ok());
-  ASSERT_TRUE(target->RegisterMemory(dst.data(), dst.size()).ok());
-  auto h = source->OpenSegment(target->segment_name());
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  TransferRequest r;
-  r.opcode = OpCode::kWrite;
-  r.source = src.data();
-  r.target = *h;
-  r.target_address = reinterpret_cast<uint64_t>(dst.data());
-  r.length = src.size();
-  Status st = source->TransferSync({r}, std::chrono::seconds(10));
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(dst, src);
+  ExpectServesATransfer(*target, 7);
 }
 
-}  // namespace
-}  // namespace mooncake::te
-
-namespace mooncake::te {
-namespace {
 
 // A burst of connections far beyond the data port's limit: evictions are asynchronous, yet the number of
 // open server connections stays within the limit plus the bounded pending evictions (each new connection
@@ -130,21 +131,7 @@ TEST(EngineTcpListenerTest, ConnectionBurstStaysWithinTheLimit) {
   EXPECT_GE(tcp["evicted"].get<uint64_t>() + tcp["refused"].get<uint64_t>(), 3 * limit) << tcp.dump();
   for (int fd : clients) close(fd);
 
-  auto source = MakeEngine();
-  std::vector<uint8_t> src(1 << 20, 9), dst(1 << 20, 0);
-  ASSERT_TRUE(source->RegisterMemory(src.data(), src.size()).ok());
-  ASSERT_TRUE(target->RegisterMemory(dst.data(), dst.size()).ok());
-  auto h = source->OpenSegment(target->segment_name());
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  TransferRequest r;
-  r.opcode = OpCode::kWrite;
-  r.source = src.data();
-  r.target = *h;
-  r.target_address = reinterpret_cast<uint64_t>(dst.data());
-  r.length = src.size();
-  Status st = source->TransferSync({r}, std::chrono::seconds(10));
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(dst, src);
+  ExpectServesATransfer(*target, 9);
 }
 
 }  // namespace
