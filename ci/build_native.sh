@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Transfer Engine extension (mooncake._native) for another Python and puts it beside the package
-# sources (python/mooncake/_native<EXT_SUFFIX>, git-ignored), with the CUDA platform plugin from the same build in
+# sources (python/mooncake/_native<EXT_SUFFIX>, git-ignored), with the CUDA platform, nvlink_intra and file (GDS)
+# plugins from the same build in
 # python/mooncake/_plugins/ (git-ignored; the loader looks there, and the build ids match), so that interpreter
 # can import mooncake from this tree: e.g. the GPU machine's Python for ep/cuda/gpu_check.py (carry both there).
 #
@@ -15,10 +16,14 @@ suffix="$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SU
 tag="$("$python" -c 'import sys; print("py%d%d" % sys.version_info[:2])')"
 cd "$root"
 bazel --output_base="/tmp/mooncake-bazel-$tag" build --symlink_prefix=/ --repo_env=PYTHON_BIN_PATH="$python" \
-  //python:mooncake/_native.so //transfer_engine/platform/cuda:libmc_platform_cuda.so  # no bazel-* links: they belong to the main build
+  //python:mooncake/_native.so //transfer_engine/platform/cuda:libmc_platform_cuda.so \
+  //transfer_engine/transport/nvlink_intra:libmc_transport_nvlink_intra.so \
+  //transfer_engine/transport/file:libmc_transport_file.so  # no bazel-* links: they belong to the main build
 bin="$(bazel --output_base="/tmp/mooncake-bazel-$tag" info --repo_env=PYTHON_BIN_PATH="$python" bazel-bin)"
 install -m 0755 "$bin/python/mooncake/_native.so" "python/mooncake/_native$suffix"
 install -d python/mooncake/_plugins
-install -m 0755 "$bin/transfer_engine/platform/cuda/libmc_platform_cuda.so" python/mooncake/_plugins/
+install -m 0755 "$bin/transfer_engine/platform/cuda/libmc_platform_cuda.so" \
+  "$bin/transfer_engine/transport/nvlink_intra/libmc_transport_nvlink_intra.so" \
+  "$bin/transfer_engine/transport/file/libmc_transport_file.so" python/mooncake/_plugins/
 bazel --output_base="/tmp/mooncake-bazel-$tag" shutdown  # its server is not needed any more
-echo "built python/mooncake/_native$suffix and python/mooncake/_plugins/libmc_platform_cuda.so"
+echo "built python/mooncake/_native$suffix and python/mooncake/_plugins/ (cuda platform, nvlink_intra and file transports)"

@@ -4,6 +4,8 @@
     mooncake hitrate       prefix-cache hit ratio of traces per policy and capacity
     mooncake replay        trace-driven simulation of a disaggregated prefill/decode cluster
     mooncake trace-stats   statistics of traces (paper Table 2)
+    mooncake doctor        preflight of this host for a configuration (doctor/README.md)
+    mooncake soak          chaos soak of engines and store clients (soak/README.md)
 
 Contract: results go to stdout (tables, or JSON with --json), progress and errors to stderr. Exit status 0 on
 success, 2 on bad input (unknown option or model, missing or malformed trace, bad value) with a one-line message
@@ -18,8 +20,10 @@ from typing import Optional, Sequence
 
 from . import hitrate, kvcache_size, replay, stats
 from .common import ToolError
+from .doctor import cli as doctor
+from .soak import cli as soak
 
-_SUBCOMMANDS = (kvcache_size, hitrate, replay, stats)
+_SUBCOMMANDS = (kvcache_size, hitrate, replay, stats, doctor, soak)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -70,12 +70,43 @@ def env_var(name: str, value: str | None):
             os.environ[name] = saved
 
 
+def protocol_problem(protocol: str) -> str | None:
+    """Why `protocol` cannot run in this process (its plugin is missing or unusable here), or None."""
+    if not protocol:
+        return None
+    serving = [p for p in TransferEngine.plugins()
+               if p["kind"] == "transport" and (protocol in p["protocols"] or p["name"] == protocol)]
+    if not serving:
+        usable = ", ".join(TransferEngine.get_supported_protocols()) or "none"
+        return (f"protocol '{protocol}' is served by no transport plugin of this installation "
+                f"(usable here: {usable}; MC_PLUGIN_DIR adds plugin folders)")
+    for p in serving:
+        if p["state"] == "loaded":
+            return None
+    return "; ".join(f"protocol '{protocol}' cannot run here: plugin '{p['name']}' is {p['state']}: {p['reason']}"
+                     for p in serving)
+
+
+def carried_bytes(engine: TransferEngine) -> dict:
+    """{transport: bytes it moved} from the engine's counters (transports that moved nothing left out)."""
+    out = {}
+    for name, peers in json.loads(engine.get_stats()).items():
+        if isinstance(peers, dict):
+            total = sum(v.get("bytes", 0) for v in peers.values() if isinstance(v, dict))
+            if isinstance(total, int) and total > 0:
+                out[name] = total
+    return out
+
+
 class Endpoint:
     """An initialized engine with one registered buffer. force_tcp keeps same-host peers on TCP; copy_threads
     sets MC_SHM_COPY_THREADS (threads per same-host copy) for this engine."""
 
     def __init__(self, name: str, metadata: str, size: int, protocol: str = "tcp", device: str = "",
                  force_tcp: bool = False, copy_threads: int | None = None):
+        problem = protocol_problem(protocol)
+        if problem:
+            raise SystemExit(f"error: {problem}")
         self.engine = TransferEngine()
         threads = str(copy_threads) if copy_threads else os.environ.get("MC_SHM_COPY_THREADS")
         with env_var("MC_FORCE_TCP", "1" if force_tcp else os.environ.get("MC_FORCE_TCP")), \
@@ -473,6 +504,8 @@ def run_initiator(args) -> int:
     print(f"{args.operation}: {total / elapsed / GiB:.2f} GiB/s ({total / elapsed / 1e9:.2f} GB/s), "
           f"{total // (args.block_size or 1) / elapsed:.0f} req/s over {elapsed:.1f} s, {args.threads} thread(s), "
           f"batch {args.batch_size} x {human(args.block_size)}")
+    moved = carried_bytes(ep.engine)
+    print("carried by: " + (", ".join(f"{t} {human(n)}" for t, n in sorted(moved.items())) or "nothing"))
     return 1 if failures else 0
 
 

@@ -16,7 +16,7 @@ from mooncake.store import (MooncakeDistributedStore, MooncakeHostMemAllocator, 
                             bind_to_numa_node)
 from mooncake.store.client.config import SetupConfig, parse_size
 from mooncake.store.client.testing import StoreWorker
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
 MiB = 1 << 20

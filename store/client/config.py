@@ -37,8 +37,8 @@ import re
 
 from mooncake.store.client.validate import (FLAG, INT, SIZE, STR, UINT, Wrong, check, either, enum_of, optional,
                                             seq)
-from mooncake.store.master.errors import ErrorCode
-from mooncake.store.master.objects import ReplicaStatus  # noqa: F401  (re-exported: one definition)
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.common.protocol import ReplicaStatus  # noqa: F401  (re-exported: one definition)
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,

@@ -8,7 +8,7 @@ import pytest
 
 from mooncake.store import MooncakeDistributedStore
 from mooncake.store.client.config import SetupConfig
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
 

@@ -74,8 +74,8 @@ from mooncake.store.client.memory import BYTES_DATA, RegisteredRanges, StagingPo
 from mooncake.store.client.reads import ReadPathMixin
 from mooncake.store.client.reserved import ReservedPuts
 from mooncake.store.client.validate import key_error
-from mooncake.store.master.errors import ErrorCode, code_name
-from mooncake.store.master.master_client import MasterClient, segment as make_segment
+from mooncake.store.common.errors import ErrorCode, code_name
+from mooncake.store.common.master_client import MasterClient, segment as make_segment
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")
@@ -152,6 +152,7 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         self._state_lock = threading.Lock()
         self._in_flight: list = []  # one item per data-path call running (_enter / _leave; atomic list ops)
         self._closing = False
+        self._http = None  # (ClientMetrics, ClientHttpServer) while set up with enable_client_http_server
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def setup(self, *args, **kwargs) -> int:
@@ -291,7 +292,28 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         if self._global[1]:
             from mooncake.store.client.tasks import TaskRunner
             self._tasks = TaskRunner(self)
+        if cfg.enable_client_http_server:
+            code = self._start_http(cfg.client_http_port)
+            if code != OK:
+                return code
         self._cfg = cfg
+        return OK
+
+    def _start_http(self, port: int) -> int:
+        """Serves /metrics and /health on `port` (http_server.py); INVALID_PARAMS when it cannot be bound."""
+        from mooncake.store.client.http_server import ClientHttpServer
+        from mooncake.store.client.metrics import ClientMetrics
+
+        metrics = ClientMetrics()
+        try:
+            server = ClientHttpServer(self, metrics, os.environ.get("MC_STORE_CLIENT_HTTP_HOST", "0.0.0.0"), port)
+        except (OSError, OverflowError) as e:
+            _log.error("setup: cannot serve client_http_port %d: %s", port, e)
+            return int(ErrorCode.INVALID_PARAMS)
+        metrics.instrument(self)
+        self._http = (metrics, server.start())
+        _log.info("setup: client metrics on http://%s:%d/metrics", os.environ.get("MC_STORE_CLIENT_HTTP_HOST",
+                                                                              "0.0.0.0"), server.port)
         return OK
 
     def close(self) -> int:
@@ -302,6 +324,11 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
 
     def _teardown_locked(self, unmount: bool) -> None:
         self._cfg = None
+        if self._http is not None:
+            metrics, server = self._http
+            self._http = None
+            server.stop()
+            metrics.uninstrument()
         if self._master is not None:
             self._master.limit_timeout(_CLOSE_RPC_SEC)
         if self._tasks is not None:

@@ -1,7 +1,7 @@
 """Serving LOCAL_DISK replicas: the owner side (``DiskServer``) and the reader side (``DiskPeers``).
 
 Protocol (DiskReplicaService in store/proto/mooncake_master.proto, framed protobuf over TCP as in
-store/master/fast_rpc.py): a reader whose object only has a LOCAL_DISK replica calls ``ReadDiskObject(key,
+store/common/fast_rpc.py): a reader whose object only has a LOCAL_DISK replica calls ``ReadDiskObject(key,
 seq)`` at the owner's endpoint (from the replica descriptor). The owner reads the file into a *hold*: space
 in its registered staging buffer (``local_buffer_size``), or, when that is full or absent, a buffer it
 registers with its Transfer Engine for the occasion; it answers (segment, address, size, handle). The
@@ -30,21 +30,25 @@ import ctypes
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 
 import grpc
 import numpy as np
 
-from mooncake.store.master.config import MAX_KEY_BYTES
-from mooncake.store.master.errors import ErrorCode
-from mooncake.store.master.fast_rpc import FastRpcClient, FastRpcError, FastRpcServer
+from mooncake.store.client.ssd import DISK_ID_FILE
+from mooncake.store.common.protocol import MAX_KEY_BYTES
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.common.fast_rpc import FastRpcClient, FastRpcError, FastRpcServer
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client.disk")
 MAX_HOLDS = 64
 _BUSY_RETRY_SEC = 2.0
 DEAD_SEC = 3.0  # an owner that did not answer is not asked again for this long
+DIR_TTL_SEC = 30.0  # how often DiskPeers.local_dir checks a visible directory's id file again
+NO_DIR_TTL_SEC = 5.0  # how long "not visible here" is kept
 _MAX_FRAME = MAX_KEY_BYTES + 1024
 _MAX_INFLIGHT = 16 << 20
 _MAX_CONNECTIONS = 256
@@ -138,6 +142,9 @@ class DiskServer:
         return pb.DiskReadReply(code=0, segment_name=self._segment, address=hold.addr, size=size, handle=handle,
                                 promote=promote)
 
+    def DescribeDisk(self, request, context):
+        return pb.DiskDescribeReply(code=0, path=os.path.abspath(self._disk.path), disk_id=self._disk.disk_id)
+
     def ReleaseDiskObject(self, request, context):
         with self._lock:
             hold = self._holds.pop(request.handle, None)
@@ -201,6 +208,7 @@ class DiskPeers:
         self.timeout = _env_ms("MC_STORE_DISK_RPC_TIMEOUT_MS", 5000)
         self._clients: dict[str, FastRpcClient] = {}
         self._dead: dict[str, float] = {}  # endpoint -> monotonic time until which it is taken for dead
+        self._dirs: dict[str, tuple] = {}  # endpoint -> (its directory seen here or None, disk id, until)
         self._lock = threading.Lock()
 
     def _client(self, endpoint: str) -> FastRpcClient:
@@ -230,6 +238,34 @@ class DiskPeers:
                 return True
             del self._dead[endpoint]
             return False
+
+    def local_dir(self, endpoint: str) -> str | None:
+        """The directory of the tier at `endpoint` when this host sees it (its `.mooncake-disk-id` holds the
+        id the owner gives), else None. The owner is asked once (DescribeDisk); afterwards the id file is only
+        checked again locally every DIR_TTL_SEC (an owner that restarted writes a new id: the owner is asked
+        again), so reads need no RPC to the owner. "Not visible" answers are kept for NO_DIR_TTL_SEC."""
+        now = time.monotonic()
+        with self._lock:
+            got = self._dirs.get(endpoint)
+        if got is not None and now < got[2]:
+            return got[0]
+        if got is not None and got[0] is not None and _read_disk_id(got[0]) == got[1]:
+            with self._lock:
+                self._dirs[endpoint] = (got[0], got[1], now + DIR_TTL_SEC)
+            return got[0]
+        found, disk_id = None, ""
+        if not self._is_dead(endpoint):
+            try:
+                reply = self._client(endpoint).call("DescribeDisk", pb.DiskDescribeRequest())
+                if reply.code == 0 and reply.path and reply.disk_id and _read_disk_id(reply.path) == reply.disk_id:
+                    found, disk_id = reply.path, reply.disk_id
+            except Exception as e:  # noqa: BLE001  an owner without DescribeDisk, another host, a bad answer
+                _log.debug("disk tier at %s: its files are not read directly: %s", endpoint, e)
+        with self._lock:
+            if len(self._dirs) > 4096:
+                self._dirs.clear()
+            self._dirs[endpoint] = (found, disk_id, now + (DIR_TTL_SEC if found else NO_DIR_TTL_SEC))
+        return found
 
     def read(self, endpoint: str, key: str, seq: int, pull) -> tuple[int, bool]:
         """Asks the owner at `endpoint` for `key` and calls ``pull(segment, address, size)`` (-> True when the
@@ -284,6 +320,23 @@ class DiskPeers:
             clients, self._clients = list(self._clients.values()), {}
         for c in clients:
             c.close()
+
+
+def _read_disk_id(directory: str) -> str | None:
+    """The content of `directory`'s disk id file, or None: absent, not a regular file (never a FIFO that would
+    block, never through a symlink), unreadable."""
+    try:
+        fd = os.open(os.path.join(directory, DISK_ID_FILE), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 256).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def advertised_host(segment_name: str) -> str:

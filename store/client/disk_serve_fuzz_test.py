@@ -10,8 +10,8 @@ import pytest
 
 from mooncake.store.client.disk_serve import _MAX_FRAME
 from mooncake.store.client.testing import StoreWorker
-from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.fast_rpc import FastRpcClient
+from mooncake.store.common.errors import ErrorCode as E
+from mooncake.store.common.fast_rpc import FastRpcClient
 from mooncake.store.master.testing import MasterProcess
 from mooncake.store.proto import mooncake_master_pb2 as pb
 from mooncake.testing.listener_fuzz import Stalled, exchange, fuzz_batches, mutate

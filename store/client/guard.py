@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
 

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from mooncake.store.master.allocator import OffsetAllocator
+from mooncake.store.common.allocator import OffsetAllocator
 
 _ALIGN = 64
 

@@ -10,7 +10,7 @@ import pytest
 from mooncake.store import MooncakeDistributedStore
 from mooncake.store.client.store_worker import pattern
 from mooncake.store.client.testing import StoreWorker
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20

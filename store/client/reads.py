@@ -14,7 +14,7 @@ import time
 
 from mooncake.store.client.guard import all_failed, none, while_open
 from mooncake.store.client.memory import clip
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)

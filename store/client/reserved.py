@@ -26,7 +26,7 @@ import grpc
 
 from mooncake.store.client.guard import NOT_READY
 from mooncake.store.client.memory import gather
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
 

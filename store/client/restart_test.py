@@ -78,7 +78,8 @@ def test_hold_outlasts_what_clients_trust():
     """A restarted master's hold on re-mounted memory must outlast every promise a client acts on without
     asking: a cached descriptor (core.TRUST_SEC) and a reserved block (reserved.FRESH_SEC)."""
     from mooncake.store.client import core, reserved
-    from mooncake.store.master import master_client, segments
+    from mooncake.store.common import master_client
+    from mooncake.store.master import segments
     assert segments.REMOUNT_HOLD_SEC >= max(core.TRUST_SEC, reserved.FRESH_SEC) + 1.0
     assert master_client.RESTART_WAIT_SEC > segments.REMOUNT_HOLD_SEC
 

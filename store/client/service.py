@@ -16,6 +16,8 @@ hostname (MOONCAKE_LOCAL_HOSTNAME, else 127.0.0.1), --metadata_server (P2PHANDSH
 MOONCAKE_OFFLOAD_FILE_STORAGE_PATH): an SSD tier that persists every object of the pool, whoever wrote it
 (the master hands this process the objects committed to its segment; see store/README.md), and serves the
 files to readers; they stay readable after eviction from memory and across restarts of this process.
+--enable_client_http_server (false) with --client_http_port (9300): Prometheus /metrics and /health
+(http_server.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--enable_offload", "--enable_ssd_offload", dest="enable_offload", type=_bool, nargs="?",
                    const=True, default=False, metavar="BOOL")
     p.add_argument("--ssd_offload_path", default="")
+    p.add_argument("--enable_client_http_server", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="serve Prometheus /metrics and /health on --client_http_port")
+    p.add_argument("--client_http_port", type=int, default=9300)
     p.add_argument("--log_level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -61,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     store = MooncakeDistributedStore()
     code = store.setup(args.host, args.metadata_server, args.global_segment_size, args.local_buffer_size,
                        args.protocol, args.device_names, args.master_server_address,
-                       enable_ssd_offload=args.enable_offload, ssd_offload_path=args.ssd_offload_path)
+                       enable_ssd_offload=args.enable_offload, ssd_offload_path=args.ssd_offload_path,
+                       enable_client_http_server=args.enable_client_http_server,
+                       client_http_port=args.client_http_port)
     if code != 0:
         print(f"mooncake_client: error: setup failed ({code}); see the log above", file=sys.stderr)
         return 1

@@ -50,7 +50,7 @@ import time
 from mooncake.store.client.config import ReplicateConfig
 from mooncake.store.client.guard import NOT_READY, same_len as _same_len
 from mooncake.store.client.validate import CONFIG, KEYS, UINT, key_error, seq, typed
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
 _OK = 0

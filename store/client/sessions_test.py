@@ -11,7 +11,7 @@ import pytest
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 from mooncake.store.client.testing import StoreWorker
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
 LAYERS, LAYER = 64, 4096  # an object = 64 layers of 4 KiB

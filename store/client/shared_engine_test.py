@@ -9,7 +9,7 @@ import pytest
 from mooncake.engine import InnerTransferEngine, TransferEngine, owner_of
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 from mooncake.store.client.testing import local_store
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
 MiB = 1 << 20

@@ -44,6 +44,7 @@ import queue
 import shutil
 import struct
 import threading
+import uuid
 
 _log = logging.getLogger("mooncake.store.client.ssd")
 MAGIC = b"MCSSD002"
@@ -54,6 +55,28 @@ QUEUE_LIMIT = 1024
 BATCH = 64  # queued items handled (and reported) together
 _RETRY_SEC = 1.0  # reports that failed (master unreachable) are retried this often
 _MAX_UNREPORTED = 1 << 16
+DISK_ID_FILE = ".mooncake-disk-id"  # names starting with "." are never object files
+
+
+def file_name(key: str) -> str:
+    """The name of `key`'s file in a tier's directory."""
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
+def value_offset(key: str) -> int:
+    """Where the value starts in `key`'s file (after the header and the key)."""
+    return _HEAD.size + len(key.encode())
+
+
+def check_header(head: bytes, key: str, size: int, seq: int) -> bool:
+    """Whether `head` (the first value_offset(key) bytes of a file) is the header of `key`'s file of version
+    `seq` holding `size` bytes (written, whether or not the master confirmed it yet)."""
+    if len(head) != value_offset(key):
+        return False
+    kb = key.encode()
+    magic, klen, fsize, fseq = _HEAD.unpack_from(head)
+    return magic in (MAGIC, PENDING_MAGIC) and klen == len(kb) and fsize == size and fseq == seq and \
+        head[_HEAD.size:] == kb
 
 
 class Reporter:
@@ -78,6 +101,11 @@ class DiskTier:
             f.write(b"ok")
         os.unlink(probe)
         self.path = path
+        # Readers on this host (or a shared file system) that find this id here read the files themselves.
+        self.disk_id = uuid.uuid4().hex
+        with open(os.path.join(path, DISK_ID_FILE + ".tmp"), "w") as f:
+            f.write(self.disk_id)
+        os.replace(os.path.join(path, DISK_ID_FILE + ".tmp"), os.path.join(path, DISK_ID_FILE))
         self.capacity = capacity if capacity else int(shutil.disk_usage(path).free * 0.8)
         self.reporter = reporter or Reporter()
         self._lock = threading.Lock()
@@ -99,12 +127,14 @@ class DiskTier:
                   len(self._index), self.used)
 
     def _file(self, key: str) -> str:
-        return os.path.join(self.path, hashlib.sha1(key.encode()).hexdigest())
+        return os.path.join(self.path, file_name(key))
 
     def _rebuild(self) -> None:
         entries = []
         for name in os.listdir(self.path):
             full = os.path.join(self.path, name)
+            if name.startswith("."):
+                continue  # the disk id, or a write probe
             if name.endswith(".tmp"):
                 os.unlink(full)  # a write interrupted by a crash
                 continue

@@ -17,8 +17,8 @@ from mooncake.store.client.disk_serve import DEAD_SEC
 from mooncake.store.client.ssd import DiskTier, Reporter
 from mooncake.store.client.store_worker import pattern
 from mooncake.store.client.testing import StoreWorker
-from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.master_client import MasterClient
+from mooncake.store.common.errors import ErrorCode as E
+from mooncake.store.common.master_client import MasterClient
 from mooncake.store.master.testing import MasterProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -54,6 +54,11 @@ def _wait(fn, timeout: float = 10.0):
         time.sleep(0.05)
 
 
+def _objects(path) -> list[str]:
+    """The object files of a tier's directory (not its .mooncake-disk-id)."""
+    return [n for n in os.listdir(path) if not n.startswith(".")]
+
+
 def _file(path, key: str):
     return path / hashlib.sha1(key.encode()).hexdigest()
 
@@ -64,7 +69,7 @@ def test_evicted_objects_read_from_disk_and_promoted(master, tmp_path):
         for i in range(10):
             assert s.put(f"e{i}", pattern(512 * KiB, i)) == 0
         assert s._flush_disk()                          # persisted: their offload tasks came with pings
-        assert len(os.listdir(tmp_path)) == 10
+        assert len(_objects(tmp_path)) == 10
         for i in range(30):  # 15 MiB more into the 8 MiB segment: the persisted objects are evicted first
             assert s.put(f"f{i}", pattern(512 * KiB, 100 + i)) == 0
         descs = s.get_replica_desc("e0")                # only the disk replica is left
@@ -85,7 +90,7 @@ def test_evicted_objects_read_from_disk_and_promoted(master, tmp_path):
     finally:
         s.remove_all(force=True)
         s.close()
-    assert os.listdir(tmp_path) == []
+    assert _objects(tmp_path) == []
 
 
 def test_disk_tier_survives_restart(master, tmp_path):
@@ -238,7 +243,7 @@ def test_other_clients_read_disk_replicas(cluster, tmp_path):
     assert b.call("get", "e6") == b"" and _descs(b, "e6") == []
     assert _wait(lambda: not _file(ssd, "e6").exists())            # A deletes the file at its next ping
     assert b.call("remove_all") >= N - 2
-    assert _wait(lambda: os.listdir(ssd) == [])
+    assert _wait(lambda: _objects(ssd) == [])
 
 
 def test_dead_owner_fails_fast(cluster, tmp_path):

@@ -23,8 +23,8 @@ import socket
 import grpc
 
 from mooncake.store.client.config import SetupConfig, parse_size
-from mooncake.store.master.errors import ErrorCode
-from mooncake.store.master.fast_rpc import FastRpcClient, FastRpcServer
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.common.fast_rpc import FastRpcClient, FastRpcServer
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")

@@ -11,7 +11,7 @@ import pytest
 
 from mooncake.store import MooncakeDistributedStore
 from mooncake.store.client.testing import local_store
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess, child_env, read_line, stop_process
 
 MiB = 1 << 20

@@ -28,7 +28,7 @@ from mooncake.store.client.tasks import TaskAPI
 from mooncake.store.client.tensor import TensorAPI
 from mooncake.store.client.validate import (CONFIG, FLAG, INT, KEY, KEYS, SIZE, STR, UINT, VALUE, key_error, seq,
                                             typed)
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")

@@ -10,7 +10,7 @@ import pytest
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
 from mooncake.store.client.config import parse_size
 from mooncake.store.client.testing import local_store
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
 MiB = 1 << 20

@@ -21,6 +21,7 @@ line is one request answered by exactly one stdout line, in order:
   {"op": "flush_disk"} -> {"ok": true, "done": bool}: waits until this client's SSD tier persisted (and
       reported) every object committed to its segment so far.
   {"op": "client_id"} -> {"ok": true, "client_id": this client's id at the master}.
+  {"op": "engine_stats"} -> {"ok": true, "stats": its Transfer Engine's get_stats() (parsed)}.
   {"op": "exit"} -> {"ok": true}, then the store is closed and the process exits.
 A failing request is answered {"ok": false, "error": "..."}; the process keeps going.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import sys
 
 import numpy as np
@@ -109,6 +111,8 @@ def _handle(store: MooncakeDistributedStore, req: dict) -> dict:
         return {"ok": True, "done": store._flush_disk()}
     if op == "client_id":
         return {"ok": True, "client_id": store._master.client_id}
+    if op == "engine_stats":
+        return {"ok": True, "stats": json.loads(store._engine.get_stats())}
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from mooncake.store.client.validate import KEY, KEYS, STR, typed
-from mooncake.store.master.errors import code_name
+from mooncake.store.common.errors import code_name
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
 _log = logging.getLogger("mooncake.store.client")

@@ -25,7 +25,7 @@ import struct
 from mooncake.store.client.config import ReplicateConfig
 from mooncake.store.client.memory import buffer_address
 from mooncake.store.client.validate import CONFIG, INT, KEY, KEYS, TENSOR, UINT, seq, typed
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
 

@@ -9,7 +9,7 @@ import torch
 
 from mooncake.store import _deserialize_tensor, _serialize_tensor, _tensor_metadata_size
 from mooncake.store.client.testing import StoreWorker, local_store
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess
 
 MiB = 1 << 20

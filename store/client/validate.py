@@ -34,7 +34,7 @@ import inspect
 import operator
 import sys
 
-from mooncake.store.master.config import MAX_KEY_BYTES
+from mooncake.store.common.protocol import MAX_KEY_BYTES
 
 __all__ = ["CONFIG", "FLAG", "INT", "KEY", "KEYS", "MAX_KEY_BYTES", "SIZE", "STR", "TENSOR", "UINT", "VALUE",
            "Wrong", "check", "either", "enum_of", "key_error", "optional", "seq", "typed"]

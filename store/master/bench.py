@@ -29,7 +29,7 @@ from concurrent import futures
 
 import grpc
 
-from mooncake.store.master.allocator import OffsetAllocator
+from mooncake.store.common.allocator import OffsetAllocator
 from mooncake.store.master.config import MasterConfig
 from mooncake.store.master.objects import PutConfig
 from mooncake.store.master.rpc_worker import ECHO_METHOD

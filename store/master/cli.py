@@ -132,6 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
          "offload tasks queued per SSD-tier owner; new ones beyond are dropped (0: persist nothing)")
     flag("monitor_interval_ms", _positive_int, d.monitor_interval_ms,
          "period of client expiry / stuck-put / watermark checks")
+    bool_flag("enable_snapshot", d.enable_snapshot,
+              "keep the metadata durable: periodic snapshots plus a local op log, restored at start")
+    flag("snapshot_interval_seconds", _ranged(float, 0.0, lo_open=True), d.snapshot_interval_seconds,
+         "seconds between snapshots")
+    flag("snapshot_retention_count", _positive_int, d.snapshot_retention_count, "snapshots kept")
+    flag("snapshot_dir", str, d.snapshot_dir,
+         "directory of snapshots and the op log (empty: $MOONCAKE_SNAPSHOT_LOCAL_PATH or ./mooncake_master_snapshots)")
+    bool_flag("enable_ha", d.enable_ha, "several masters, one leader elected through --ha_backend_type")
+    flag("ha_backend_type", str, d.ha_backend_type, "etcd or redis")
+    flag("ha_backend_connstring", str, d.ha_backend_connstring, "backend endpoints, 'h1:2379;h2:2379'")
+    flag("etcd_endpoints", str, "", "legacy name of --ha_backend_connstring (etcd)")
+    bool_flag("enable_oplog", d.enable_oplog, "HA: the leader logs every metadata change in the backend; "
+              "standbys apply it (hot standby)")
+    flag("ha_lease_ttl", _duration("s", "s"), d.ha_lease_ttl_sec, "HA: leader lease TTL, seconds or with unit")
+    flag("oplog_poll_interval_ms", _positive_int, d.oplog_poll_interval_ms, "HA: standby op log poll period")
+    flag("oplog_batch_max_entries", _positive_int, d.oplog_batch_max_entries, "HA: ops per log record at most")
     flag("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR")
     return p
 
@@ -187,7 +203,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[MasterConfig, str]:
         metrics_port=args.metrics_port, enable_http_metadata_server=args.enable_http_metadata_server,
         http_metadata_server_host=args.http_metadata_server_host,
         http_metadata_server_port=args.http_metadata_server_port, cluster_id=args.cluster_id,
-        monitor_interval_ms=args.monitor_interval_ms, offloading_queue_limit=args.offloading_queue_limit)
+        monitor_interval_ms=args.monitor_interval_ms, offloading_queue_limit=args.offloading_queue_limit,
+        enable_snapshot=args.enable_snapshot, snapshot_interval_seconds=args.snapshot_interval_seconds,
+        snapshot_retention_count=args.snapshot_retention_count, snapshot_dir=args.snapshot_dir,
+        enable_ha=args.enable_ha, ha_backend_type=args.ha_backend_type,
+        ha_backend_connstring=args.ha_backend_connstring or args.etcd_endpoints, enable_oplog=args.enable_oplog,
+        ha_lease_ttl_sec=args.ha_lease_ttl, oplog_poll_interval_ms=args.oplog_poll_interval_ms,
+        oplog_batch_max_entries=args.oplog_batch_max_entries)
     try:
         cfg.validate()
     except ValueError as e:

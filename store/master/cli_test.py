@@ -44,12 +44,25 @@ def test_flag_forms():
     (["--memory_allocator=cachelib"], "memory_allocator"),
     (["--default_kv_soft_pin_ttl=2h", "--max_kv_soft_pin_ttl=1h"], "max_kv_soft_pin_ttl"),
     (["--log_level=LOUD"], "log_level"),
+    (["--enable_ha"], "--ha_backend_connstring"),
+    (["--enable_ha", "--ha_backend_type=zookeeper", "--etcd_endpoints=h:1"], "--ha_backend_type"),
+    (["--ha_lease_ttl=100ms"], "--ha_lease_ttl"),
+    (["--snapshot_interval_seconds=0"], "--snapshot_interval_seconds"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         parse_config(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_ha_and_snapshot_flags():
+    cfg, _ = parse_config(["--enable_ha", "--etcd_endpoints=h1:2379;h2:2379", "--enable_oplog", "--ha_lease_ttl=3s",
+                           "--enable_snapshot", "--snapshot_dir=/x", "--snapshot_interval_seconds=5"])
+    assert (cfg.enable_ha, cfg.ha_backend_type, cfg.ha_backend_connstring, cfg.enable_oplog) == (
+        True, "etcd", "h1:2379;h2:2379", True)
+    assert (cfg.ha_lease_ttl_sec, cfg.enable_snapshot, cfg.snapshot_path(), cfg.snapshot_interval_seconds) == (
+        3.0, True, "/x", 5.0)
 
 
 def test_config_file(tmp_path, capsys):

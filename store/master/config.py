@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from mooncake.store.master.segments import ALLOCATION_STRATEGIES
 
-MAX_REPLICA_NUM = 64
-# Keys are non-empty UTF-8 strings of at most this many bytes (master and clients; integrations build long
-# keys from model names, hashes and ranks). A batch request carries all its keys: within MAX_REQUEST_BYTES
-# that is about a thousand keys of the maximum length (the usual keys of a few hundred bytes: ~100 000).
-MAX_KEY_BYTES = 64 << 10
-# gRPC options shared by the master and its clients: large batches must not hit the 4 MiB default.
-MAX_MESSAGE_BYTES = 256 << 20
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
-# The largest request the master takes through either door (gRPC, fast_rpc), like the engine's
-# MC_TCP_MAX_FRAME; replies may be larger (MAX_MESSAGE_BYTES). A larger request is refused, not buffered.
-MAX_REQUEST_BYTES = 64 << 20
+from mooncake.store.common.protocol import (  # noqa: F401  (re-exported)
+    GRPC_OPTIONS, MAX_KEY_BYTES, MAX_MESSAGE_BYTES, MAX_REPLICA_NUM, MAX_REQUEST_BYTES)
+
 # The master's gRPC server: requests up to MAX_REQUEST_BYTES, at most 64 calls in progress per connection and
 # 1024 connections (a request being received holds at most its own size: gRPC reads it as it arrives).
 GRPC_SERVER_OPTIONS = [
@@ -75,6 +65,25 @@ class MasterConfig:
     offloading_queue_limit: int = 50_000
     # Background monitor period (client expiry, put timeouts, watermark eviction)
     monitor_interval_ms: int = 100
+    # Durable metadata (durable.py): snapshots plus the local op log in snapshot_dir ("" = the environment's
+    # MOONCAKE_SNAPSHOT_LOCAL_PATH, else ./mooncake_master_snapshots); a restarted master restores from them
+    enable_snapshot: bool = False
+    snapshot_interval_seconds: float = 600.0
+    snapshot_retention_count: int = 2
+    snapshot_dir: str = ""
+    # High availability (ha.py): leader election through a lease in etcd or Redis; the leader's op log in the
+    # backend (enable_oplog) feeds hot standbys. ha_lease_ttl_sec: the election lease; a leader that could not
+    # renew it for ha_lease_ttl_sec/2 stops serving writes (fencing) before any other can be elected.
+    enable_ha: bool = False
+    ha_backend_type: str = "etcd"
+    ha_backend_connstring: str = ""
+    enable_oplog: bool = False
+    ha_lease_ttl_sec: float = 5.0
+    oplog_poll_interval_ms: int = 100
+    oplog_batch_max_entries: int = 1024
+
+    def snapshot_path(self) -> str:
+        return self.snapshot_dir or os.environ.get("MOONCAKE_SNAPSHOT_LOCAL_PATH") or "./mooncake_master_snapshots"
 
     def validate(self) -> None:
         """Raises ValueError naming the first bad setting."""
@@ -109,5 +118,14 @@ class MasterConfig:
         check(self.pending_task_timeout_sec > 0 and self.processing_task_timeout_sec > 0,
               "task timeouts must be > 0")
         check(self.monitor_interval_ms >= 1, "--monitor_interval_ms must be >= 1")
+        check(self.snapshot_interval_seconds > 0, "--snapshot_interval_seconds must be > 0")
+        check(self.snapshot_retention_count >= 1, "--snapshot_retention_count must be >= 1")
+        check(self.ha_backend_type in ("etcd", "redis"),
+              f"--ha_backend_type must be etcd or redis, got {self.ha_backend_type!r}")
+        check(not self.enable_ha or self.ha_backend_connstring,
+              "--enable_ha needs --ha_backend_connstring (or --etcd_endpoints)")
+        check(self.ha_lease_ttl_sec >= 1.0, f"--ha_lease_ttl must be >= 1 s, got {self.ha_lease_ttl_sec}")
+        check(self.oplog_poll_interval_ms >= 1 and self.oplog_batch_max_entries >= 1,
+              "--oplog_poll_interval_ms and --oplog_batch_max_entries must be >= 1")
         check(self.offloading_queue_limit >= 0,
               f"--offloading_queue_limit must be >= 0, got {self.offloading_queue_limit}")

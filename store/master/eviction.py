@@ -37,6 +37,8 @@ def select_victims(table: ObjectTable, now: float, target: int, allow_soft_pinne
     unsaved: list[str] = []
     if target <= 0:
         return victims, freed
+    if now < table.lease_floor:  # every object counts as leased (a master that just took over)
+        return [], 0
     leases, soft_pins, hard_pins, busy = table.leases, table.soft_pins, table.hard_pins, table.busy
     offloading = table.offloading
     for key, value in table.objects.items():

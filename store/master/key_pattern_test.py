@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mooncake.store.master.config import MasterConfig
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.key_pattern import MAX_PATTERN_BYTES, KeyPattern
 from mooncake.store.master.service import MasterService, SegmentSpec
 
@@ -117,4 +117,5 @@ def test_regex_scan_lets_other_calls_through():
     t.join(30)
     assert scans and all(code == E.OK and n == len(keys) for code, n, _ in scans)
     slowest_scan = max(s for _, _, s in scans)
-    assert worst < min(0.1, slowest_scan / 3), (worst, slowest_scan)
+    # Relative to the scan, not absolute: on a loaded 2-core machine a 1 ms call can wait 100 ms for the GIL.
+    assert worst < slowest_scan / 3, (worst, slowest_scan)

@@ -10,8 +10,8 @@ import struct
 import grpc
 import pytest
 
-from mooncake.store.master.fast_rpc import MAX_FRAME, FastRpcClient
-from mooncake.store.master.master_client import MasterClient
+from mooncake.store.common.fast_rpc import MAX_FRAME, FastRpcClient
+from mooncake.store.common.master_client import MasterClient
 from mooncake.store.master.testing import MasterProcess
 from mooncake.store.proto import mooncake_master_pb2 as pb
 from mooncake.testing.listener_fuzz import (Stalled, StalledGrpcCalls, exchange, fuzz_batches, grpc_call_bytes,

@@ -15,7 +15,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from mooncake.store.master.errors import code_name
+from mooncake.store.common.errors import code_name
 
 _LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-3, 12.8e-3, 25.6e-3, 51.2e-3,
                     0.1, 0.2, 0.4, 0.8, 1.6)
@@ -48,6 +48,25 @@ class MasterMetrics:
         if code:
             self.failures.labels(op=op, code=code_name(code)).inc(n)
 
+    def counter_values(self) -> dict:
+        """The counters as plain numbers, for the status page: {"requests": {op: n}, "failures": {"op code": n},
+        "evicted_objects" / "evicted_bytes" / "revoked_puts": {reason: n}, "leases_granted", "expired_clients",
+        "offload_dropped": n}."""
+        def by(counter, *labels) -> dict:
+            out = {}
+            for metric in counter.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_total"):
+                        out[" ".join(sample.labels[k] for k in labels)] = sample.value
+            return out
+
+        return {"requests": by(self.requests, "op"), "failures": by(self.failures, "op", "code"),
+                "evicted_objects": by(self.evicted_objects, "reason"),
+                "evicted_bytes": by(self.evicted_bytes, "reason"), "revoked_puts": by(self.revoked_puts, "reason"),
+                "leases_granted": sum(by(self.leases_granted).values()),
+                "expired_clients": sum(by(self.expired_clients).values()),
+                "offload_dropped": sum(by(self.offload_dropped).values())}
+
     def attach_state(self, snapshot: Callable[[], dict]) -> None:
         """Exports the gauges of ``snapshot()`` (see MasterService.snapshot) at every scrape."""
         self.registry.register(_StateCollector(snapshot))
@@ -77,7 +96,19 @@ class _StateCollector:
                   ("master_mounted_segments", "Mounted segments", len(s["segments"])),
                   ("master_active_leases", "Objects under a live read lease", s["leases"]),
                   ("master_hard_pinned_objects", "Hard-pinned objects", s["hard_pinned"]),
-                  ("master_soft_pinned_objects", "Soft-pinned objects (pin may have expired)", s["soft_pinned"]))
+                  ("master_soft_pinned_objects", "Soft-pinned objects (pin may have expired)", s["soft_pinned"]),
+                  ("master_is_leader", "1 while this master serves (leader or single), 0 as a standby",
+                   int(s.get("role", "single") != "standby")),
+                  ("master_view_version", "View version clients see (changes with every leader/restart)",
+                   s["view_version"]),
+                  ("master_applied_ops", "Metadata operations applied (ops.py; a standby's replay included)",
+                   s.get("applied_ops", 0)),
+                  ("master_oplog_lag_ops", "Standby: leader's log records not applied yet (0 on a leader)",
+                   s.get("oplog_lag", 0)),
+                  ("master_last_snapshot_seq", "Op number of the last snapshot written (-1: none)",
+                   s.get("last_snapshot_seq", -1)),
+                  ("master_last_snapshot_time_seconds", "Wall-clock time of the last snapshot (0: none)",
+                   s.get("last_snapshot_time", 0.0)))
         for name, doc, value in simple:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)

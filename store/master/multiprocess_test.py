@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.testing import MasterProcess, WorkerProcess, process_starter
 
 KiB, MiB = 1 << 10, 1 << 20

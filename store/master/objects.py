@@ -36,17 +36,8 @@ import collections
 import dataclasses
 import enum
 
+from mooncake.store.common.protocol import ReplicaStatus  # noqa: F401  (re-exported)
 from mooncake.store.master.segments import Replica
-
-
-class ReplicaStatus(enum.IntEnum):
-    """Mooncake's replica states; the values match store/proto (REPLICA_STATUS_*)."""
-    UNDEFINED = 0
-    INITIALIZED = 1
-    PROCESSING = 2
-    COMPLETE = 3
-    REMOVED = 4
-    FAILED = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +162,9 @@ class ObjectTable:
         self.held: list[Held] = []
         self.disk: dict[str, DiskReplica] = {}  # key -> its file in a client's SSD tier
         self.offloading: dict[str, OffloadTask] = {}  # key -> its pending offload (committed, no file yet)
+        # Until this time every object counts as leased (a master that took over cannot know the leases its
+        # predecessor granted; durable.take_over sets it one lease TTL ahead).
+        self.lease_floor = 0.0
 
     def touch(self, key: str) -> None:
         """Marks a committed object most recently used."""
@@ -187,6 +181,8 @@ class ObjectTable:
     def lease_deadline(self, key: str, now: float) -> float:
         """The live lease deadline of `key`, or 0.0 when it holds none."""
         d = self.leases.get(key)
+        if now < self.lease_floor:
+            return max(d or 0.0, self.lease_floor)
         return d if d is not None and d > now else 0.0
 
     def commit(self, key: str, replicas, now: float, config: PutConfig, soft_pin_ttl: float) -> None:

@@ -12,6 +12,10 @@ stuck put), or at once when the executing client expires or a segment involved i
 Tasks (tasks.py) are the asynchronous form: the master records the plan and assigns it to the client that
 owns the (first) target segment, which fetches it, runs start/end and reports completion.
 
+Durability: a copy/move in flight is not durable (a master that takes over knows neither the operation nor its
+new buffers; the executor's end then fails). Its outcome is: ``end`` and ``batch_clear`` change the object
+through ops.SetReplicas.
+
 Threading: every public method takes the service lock; ``on_*``, ``expire`` and ``cancel`` expect it held.
 """
 
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mooncake.store.master.errors import ErrorCode
-from mooncake.store.master.objects import Held, pack_replicas, replicas_of
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.master import ops
+from mooncake.store.master.objects import Held, replicas_of
 from mooncake.store.master.segments import Replica, Segment
 from mooncake.store.master.tasks import TaskType
 
@@ -94,14 +99,13 @@ class Replicator:
                     code = ErrorCode.OBJECT_NOT_FOUND
                 else:
                     reps = list(replicas_of(value))
+                    retired = ()
                     if move and op.source in reps:
                         reps.remove(op.source)
-                        svc._retire_locked(key, op.source, svc.now())
-                        task = svc.table.offloading.get(key)
-                        if task is not None and task.replica is op.source:
-                            svc._cancel_offload_locked(key)  # its bytes may be reused: no copy of them stands
+                        retired = (op.source,)
                     reps.extend(op.new)
-                    svc.table.objects[key] = pack_replicas(reps)  # keeps the object's LRU position
+                    hold = svc.table.lease_deadline(key, svc.now()) if retired else 0.0
+                    svc._apply(ops.SetReplicas(key, tuple(reps), retired, hold))
             svc.metrics.count("move_end" if move else "copy_end", code)
             return code
 
@@ -169,16 +173,9 @@ class Replicator:
                 gone = [r for r in reps if not segment_name or r.segment.name == segment_name]
                 if not gone:
                     continue
-                task = t.offloading.get(key)
-                if task is not None and any(r is task.replica for r in gone):
-                    svc._cancel_offload_locked(key)
-                if len(gone) == len(reps):
-                    t.drop(key)
-                    if not segment_name:  # every replica: the disk one too (else it lives on disk-only)
-                        svc._drop_disk_locked(key)
-                else:
-                    t.objects[key] = pack_replicas(r for r in reps if r not in gone)
-                svc._free(gone)
+                # Every replica gone: the disk one too unless a segment was named (it lives on disk-only).
+                svc._apply(ops.SetReplicas(key, tuple(r for r in reps if r not in gone), tuple(gone),
+                                           drop_disk=not segment_name))
                 cleared.append(key)
             svc.metrics.count("batch_replica_clear", n=len(keys))
             return OK, cleared

@@ -21,8 +21,11 @@ Contract:
   grant that cannot hold the object at hand is refused (NO_AVAILABLE_HANDLE) and the client puts the two-call
   way, which evicts as usual.
 
-A mixin of MasterService (uses ``_lock``, ``segments``, ``table``, ``metrics``, ``config``); public methods take
-the service lock, ``*_locked`` ones expect it held.
+``ReservationPool`` is owned by one MasterService and shares its lock: public methods (the RPC entry points)
+take the service lock, the others expect it held. Blocks are durable: a grant, each commit from a block and a
+release are ops (ops.Reserve, ops.ReservedCommit, ops.ReleaseReservation; ``add``, ``carve`` and ``free`` are
+their handlers' part), so a master that takes over knows every block a client may still write into. Only
+``last_used`` is not: a master that takes over counts idleness from then.
 """
 
 from __future__ import annotations
@@ -30,9 +33,15 @@ from __future__ import annotations
 import logging
 import random
 
-from mooncake.store.master.errors import ErrorCode
+from typing import TYPE_CHECKING
+
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.master import ops
 from mooncake.store.master.objects import PutConfig
 from mooncake.store.master.segments import Replica, Segment
+
+if TYPE_CHECKING:
+    from mooncake.store.master.service import MasterService
 
 _log = logging.getLogger("mooncake.store.master")
 
@@ -48,56 +57,58 @@ class Reservation:
         self.cursor, self.end, self.last_used = start, end, now  # offsets in the segment
 
 
-class ReservationMixin:
-    def _init_reservations(self) -> None:
-        self.reservations: dict[int, Reservation] = {}
-        self._next_reservation = random.SystemRandom().getrandbits(62) or 1
+class ReservationPool:
+    def __init__(self, svc: "MasterService") -> None:
+        self._svc = svc
+        self.blocks: dict[int, Reservation] = {}
+        self._next_id = random.SystemRandom().getrandbits(62) or 1
 
     def reserve_space(self, client_id: str, size: int, min_size: int, config: PutConfig, renew: int = 0
                       ) -> tuple[ErrorCode, Reservation | None]:
         """A new block of at most `size` and at least `min_size` bytes for `client_id` (module docstring);
         with `renew`, that block of the client confirmed instead (OBJECT_NOT_FOUND when it is gone)."""
+        svc = self._svc
         if renew:
-            with self._lock:
-                r = self.reservations.get(renew)
+            with svc.lock:
+                r = self.blocks.get(renew)
                 if r is None or r.client_id != client_id or not r.segment.mounted:
                     code, r = ErrorCode.OBJECT_NOT_FOUND, None
                 else:
-                    code, r.last_used = OK, self._clock()
-                self.metrics.count("renew_space", code)
+                    code, r.last_used = OK, svc.now()
+                svc.metrics.count("renew_space", code)
                 return code, r
         if not client_id or min_size <= 0 or size < min_size or config.replica_num != 1:
             return ErrorCode.INVALID_PARAMS, None
-        with self._lock:
-            code, r = self._reserve_locked(client_id, size, min_size, config, self._clock())
-            self.metrics.count("reserve_space", code)
+        with svc.lock:
+            code, r = self._reserve_locked(client_id, size, min_size, config, svc.now())
+            svc.metrics.count("reserve_space", code)
             return code, r
 
     def _reserve_locked(self, client_id, size, min_size, config, now):
-        if self.config.reservation_idle_sec <= 0:
+        svc = self._svc
+        if svc.config.reservation_idle_sec <= 0:
             return ErrorCode.UNAVAILABLE_IN_CURRENT_MODE, None
-        if sum(1 for r in self.reservations.values() if r.client_id == client_id) >= MAX_PER_CLIENT:
+        if sum(1 for r in self.blocks.values() if r.client_id == client_id) >= MAX_PER_CLIENT:
             return ErrorCode.NO_AVAILABLE_HANDLE, None
         # At most a quarter of the room left under the eviction watermark: a grant never starts an eviction
         # and leaves most free memory to everyone else's puts.
-        room = self.config.eviction_high_watermark_ratio * self.segments.capacity - self.segments.used
-        size = min(size, self.config.max_reservation_bytes, int(room) // 4)
+        room = svc.config.eviction_high_watermark_ratio * svc.segments.capacity - svc.segments.used
+        size = min(size, svc.config.max_reservation_bytes, int(room) // 4)
         if size < min_size:
             return ErrorCode.NO_AVAILABLE_HANDLE, None
         size, reps = self._on_preferred(size, min_size, config.preferred_segments)
         if not reps:
-            reps = self.segments.allocate(size, 1)
+            reps = svc.segments.allocate(size, 1)
         if not reps and size > min_size:
             size = min_size
-            reps = self.segments.allocate(size, 1)
+            reps = svc.segments.allocate(size, 1)
         if not reps:
             return ErrorCode.NO_AVAILABLE_HANDLE, None
-        self.clients.register(client_id, now)
+        svc.clients.register(client_id, now)
         seg, start = reps[0].segment, reps[0].offset
-        rid = self._next_reservation
-        self._next_reservation += 1
-        r = self.reservations[rid] = Reservation(rid, client_id, seg, start, start + seg.allocator.rounded(size), now)
-        return OK, r
+        rid = self._next_id
+        svc._apply(ops.Reserve(rid, client_id, seg.id, start, start + seg.allocator.rounded(size), now))
+        return OK, self.blocks[rid]
 
     def _on_preferred(self, size: int, min_size: int, preferred) -> tuple[int, list]:
         """(size, [replica]) of a block on a preferred segment, halving the size down to `min_size` where the
@@ -106,7 +117,7 @@ class ReservationMixin:
         for name in preferred:
             n = size
             while True:
-                rep = self.segments.allocate_on(name, n)
+                rep = self._svc.segments.allocate_on(name, n)
                 if rep is not None:
                     return n, [rep]
                 if n <= min_size:
@@ -118,33 +129,31 @@ class ReservationMixin:
                      ) -> tuple[ErrorCode, int]:
         """Commits `key` (`size` bytes written at `address`) from block `rid`; returns (code, the block's
         cursor address afterwards, 0 when the block is gone)."""
-        with self._lock:
-            code, cursor = self._put_reserved_locked(client_id, rid, key, size, address, config, self._clock())
-            self.metrics.count("put_reserved", code)
+        svc = self._svc
+        with svc.lock:
+            code, cursor = self._put_reserved_locked(client_id, rid, key, size, address, config, svc.now())
+            svc.metrics.count("put_reserved", code)
             return code, cursor
 
     def _put_reserved_locked(self, client_id, rid, key, size, address, config, now):
-        r = self.reservations.get(rid)
+        svc = self._svc
+        r = self.blocks.get(rid)
         if r is None or r.client_id != client_id or not r.segment.mounted:
             return ErrorCode.OBJECT_NOT_FOUND, 0
         seg = r.segment
-        code = self._check_key(key)
+        code = svc._check_key(key)
         if code != OK or size <= 0 or config.replica_num != 1:
             return code if code != OK else ErrorCode.INVALID_PARAMS, seg.base + r.cursor
         n = seg.allocator.rounded(size)
         if address != seg.base + r.cursor or r.cursor + n > r.end:
             _log.warning("client %s committed %r at %#x (+%d) but its block %d is at %#x..%#x: block dropped",
                          client_id, key, address, size, rid, seg.base + r.cursor, seg.base + r.end)
-            self._free_reservation_locked(r)
+            svc._apply(ops.ReleaseReservation(rid))
             return ErrorCode.INVALID_PARAMS, 0
         r.last_used = now
         if self._put_conflict_locked(key, now):
             return ErrorCode.OBJECT_ALREADY_EXISTS, seg.base + r.cursor
-        replica = Replica(seg, r.cursor, self._shared_size(size))
-        r.cursor += n
-        if r.cursor == r.end:
-            del self.reservations[rid]
-        self._commit_new_locked(key, [replica], now, config)
+        svc._apply(ops.ReservedCommit(rid, (key,), (size,), (True,), now, config))
         return OK, seg.base + r.cursor
 
     def put_reserved_batch(self, client_id: str, rid: int, keys: list[str], sizes: list[int], address: int,
@@ -154,13 +163,15 @@ class ReservationMixin:
         The block code is OK, or OBJECT_NOT_FOUND / INVALID_PARAMS when nothing was stored and the block is gone.
         A key that is taken (or invalid) is not stored and its space goes back to the pool; the cursor moves
         past the whole batch either way."""
-        with self._lock:
-            out = self._put_reserved_batch_locked(client_id, rid, keys, sizes, address, config, self._clock())
-            self.metrics.count("batch_put_reserved", out[0])
+        svc = self._svc
+        with svc.lock:
+            out = self._put_reserved_batch_locked(client_id, rid, keys, sizes, address, config, svc.now())
+            svc.metrics.count("batch_put_reserved", out[0])
             return out
 
     def _put_reserved_batch_locked(self, client_id, rid, keys, sizes, address, config, now):
-        r = self.reservations.get(rid)
+        svc = self._svc
+        r = self.blocks.get(rid)
         if r is None or r.client_id != client_id or not r.segment.mounted:
             return ErrorCode.OBJECT_NOT_FOUND, [], 0
         seg = r.segment
@@ -169,53 +180,72 @@ class ReservationMixin:
                 or address != seg.base + r.cursor or r.cursor + sum(spans) > r.end):
             _log.warning("client %s committed %d objects at %#x but its block %d is at %#x..%#x: block dropped",
                          client_id, len(keys), address, rid, seg.base + r.cursor, seg.base + r.end)
-            self._free_reservation_locked(r)
+            svc._apply(ops.ReleaseReservation(rid))
             return ErrorCode.INVALID_PARAMS, [], 0
         r.last_used = now
         codes = []
-        for key, size, span in zip(keys, sizes, spans):
-            code = self._check_key(key)
-            if code == OK and self._put_conflict_locked(key, now):
+        seen = set()
+        for key in keys:
+            code = svc._check_key(key)
+            if code == OK and (key in seen or self._put_conflict_locked(key, now)):
                 code = ErrorCode.OBJECT_ALREADY_EXISTS
             if code == OK:
-                self._commit_new_locked(key, [Replica(seg, r.cursor, self._shared_size(size))], now, config)
-            else:  # not stored: the space returns to the pool (the client wrote there; nobody reads it)
-                self.segments.release(Replica(seg, r.cursor, span))
+                seen.add(key)
             codes.append(code)
-            r.cursor += span
-        if r.cursor == r.end:
-            del self.reservations[rid]
+        svc._apply(ops.ReservedCommit(rid, tuple(keys), tuple(sizes), tuple(c == OK for c in codes), now, config))
         return OK, codes, seg.base + r.cursor
 
     def _put_conflict_locked(self, key: str, now: float) -> bool:
         """Whether a put of `key` finds it taken: committed, only on disk, or being put (a put stuck for
         longer than put_start_discard_timeout_sec is revoked instead, as PutStart does)."""
-        return self._put_in_progress_locked(key, now) or key in self.table.objects or key in self.table.disk
+        t = self._svc.table
+        return self._svc._put_in_progress_locked(key, now) or key in t.objects or key in t.disk
 
     def release_space(self, client_id: str, rid: int) -> ErrorCode:
-        with self._lock:
-            r = self.reservations.get(rid)
+        svc = self._svc
+        with svc.lock:
+            r = self.blocks.get(rid)
             if r is None or r.client_id != client_id:
                 code = ErrorCode.OBJECT_NOT_FOUND
             else:
-                self._free_reservation_locked(r)
+                svc._apply(ops.ReleaseReservation(rid))
                 code = OK
-            self.metrics.count("release_space", code)
+            svc.metrics.count("release_space", code)
             return code
 
     def reserved_bytes(self) -> int:
         """Bytes reserved and not yet carved (the caller holds the lock or accepts a racy sum)."""
-        return sum(r.end - r.cursor for r in list(self.reservations.values()))
+        return sum(r.end - r.cursor for r in list(self.blocks.values()))
 
-    def _free_reservation_locked(self, r: Reservation) -> None:
-        del self.reservations[r.id]
-        if r.end > r.cursor:
-            self.segments.release(Replica(r.segment, r.cursor, r.end - r.cursor))
-
-    def _drop_reservations_locked(self, client_id: str | None = None, segment: Segment | None = None,
-                                  idle_before: float | None = None) -> None:
-        """Frees the blocks of `client_id`, on `segment` (no free: it is unmounted), or unused since `idle_before`."""
-        for r in list(self.reservations.values()):
+    def drop(self, client_id: str | None = None, segment: Segment | None = None,
+             idle_before: float | None = None) -> None:
+        """Releases the blocks of `client_id`, on `segment` (no free: it is unmounted), or unused since
+        `idle_before` (ops when called outside a handler)."""
+        for r in list(self.blocks.values()):
             if (r.client_id == client_id or r.segment is segment
                     or (idle_before is not None and r.last_used < idle_before)):
-                self._free_reservation_locked(r)
+                self._svc._apply(ops.ReleaseReservation(r.id))
+
+    # -- what the ops' handlers run (apply.py) --------------------------------------------------------------------
+    def add(self, rid: int, client_id: str, segment: Segment, start: int, end: int, at: float) -> None:
+        self.blocks[rid] = Reservation(rid, client_id, segment, start, end, at)
+        self._next_id = max(self._next_id, rid + 1)
+
+    def carve(self, op: "ops.ReservedCommit") -> None:
+        svc = self._svc
+        r = self.blocks[op.rid]
+        seg = r.segment
+        for key, size, stored in zip(op.keys, op.sizes, op.stored):
+            span = seg.allocator.rounded(size)
+            if stored:
+                svc._commit_new_locked(key, [Replica(seg, r.cursor, svc._shared_size(size))], op.at, op.config)
+            else:  # not stored: the space returns to the pool (the client wrote there; nobody reads it)
+                svc._free([Replica(seg, r.cursor, span)])
+            r.cursor += span
+        if r.cursor == r.end:
+            del self.blocks[op.rid]
+
+    def free(self, rid: int) -> None:
+        r = self.blocks.pop(rid, None)
+        if r is not None and r.end > r.cursor:
+            self._svc._free([Replica(r.segment, r.cursor, r.end - r.cursor)])

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from mooncake.store.master.config import MasterConfig
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.objects import PutConfig
 from mooncake.store.master.service import MasterService, SegmentSpec
 

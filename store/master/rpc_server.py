@@ -24,8 +24,8 @@ import grpc
 import mooncake
 from mooncake.store.master.admin_http import AdminHttpServer
 from mooncake.store.master.config import GRPC_SERVER_OPTIONS, MAX_KEY_BYTES, MAX_REQUEST_BYTES, MasterConfig
-from mooncake.store.master.errors import ErrorCode
-from mooncake.store.master.fast_rpc import FastRpcServer
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.common.fast_rpc import VIEW_METADATA_KEY, FastRpcServer
 from mooncake.store.master.objects import DiskReplica, PutConfig, ReplicaStatus
 from mooncake.store.master.segments import Replica
 from mooncake.store.master.service import MasterService, SegmentSpec
@@ -87,19 +87,32 @@ def _copy_reply(result) -> pb.CopyStartReply:
 
 
 def _rpc(method):
-    """Times the handler into master_rpc_latency_seconds{method} and turns exceptions into INTERNAL."""
+    """Times the handler into master_rpc_latency_seconds{method} and turns exceptions into INTERNAL. With HA
+    (``svc.gate``, ha.py): a master that is not the leader answers UNAVAILABLE, and a reply waits until the
+    ops applied up to its end are in the op log (UNAVAILABLE when they cannot be written); the reply carries the leader's view number (trailing metadata
+    VIEW_METADATA_KEY, or the fast path's view frame)."""
     name = method.__name__
 
     @functools.wraps(method)
     def wrapper(self, request, context):
+        gate = self.svc.gate
+        if gate is not None and not gate.serving():
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{name}: this master is not the leader")
+        if gate is not None:
+            self.svc.begin_call()
         t0 = time.perf_counter()
         try:
-            return method(self, request, context)
+            reply = method(self, request, context)
         except Exception as e:  # a bug: log it, answer INTERNAL, keep serving
             _log.exception("%s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
         finally:
             self._latency(name).observe(time.perf_counter() - t0)
+        if gate is not None:
+            if not gate.durable(self.svc.call_lsn()):
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"{name}: the op log could not be written")
+            context.set_trailing_metadata(((VIEW_METADATA_KEY, str(self.svc.view_version)),))
+        return reply
     return wrapper
 
 
@@ -433,6 +446,8 @@ class MasterServer:
         self._fast: FastRpcServer | None = None
         self._admin: AdminHttpServer | None = None
         self._metadata = None
+        self.durability = None  # durable.LocalDurability with --enable_snapshot (no HA)
+        self.ha = None  # ha.HaController with --enable_ha
         self.port = 0
 
     @property
@@ -451,6 +466,10 @@ class MasterServer:
     def start(self) -> "MasterServer":
         c = self.config
         try:
+            if c.enable_snapshot and not c.enable_ha:
+                from mooncake.store.master.durable import LocalDurability
+                self.durability = LocalDurability(self.service, c).start()
+                self.service.status_sources["durability"] = self.durability.info
             servicer = MasterServicer(self.service)
             self._grpc = _GrpcDoor(servicer, _host_port(c.rpc_address, c.port), c.max_threads)
             self.port = self._grpc.port
@@ -464,7 +483,12 @@ class MasterServer:
                 from mooncake.http_metadata_server import HttpMetadataServer
                 self._metadata = HttpMetadataServer(c.http_metadata_server_host, c.http_metadata_server_port).start()
             self._grpc.start()
-            self.service.start_monitor()
+            if c.enable_ha:
+                from mooncake.store.master.ha import HaController
+                self.ha = HaController(self, c, self.address).start()
+                self.service.status_sources["ha"] = self.ha.info
+            else:
+                self.service.start_monitor()
         except BaseException:
             self.stop()
             raise
@@ -481,7 +505,12 @@ class MasterServer:
         if self._grpc is not None:
             self._grpc.stop(grace)
             self._grpc = None
+        if self.ha is not None:
+            self.ha.stop()
         self.service.stop_monitor()
+        if self.durability is not None:
+            self.durability.stop()
+            self.durability = None
         if self._admin is not None:
             self._admin.stop()
             self._admin = None

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from mooncake.store.master.config import MAX_KEY_BYTES, MasterConfig
-from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.master_client import MasterClient, replicate_config, segment
+from mooncake.store.common.errors import ErrorCode as E
+from mooncake.store.common.master_client import MasterClient, replicate_config, segment
 from mooncake.store.master.rpc_server import MasterServer
 from mooncake.store.master.testing import WorkerProcess
 from mooncake.store.proto import mooncake_master_pb2 as pb

@@ -26,7 +26,7 @@ import time
 
 import grpc
 
-from mooncake.store.master.master_client import MasterClient, segment
+from mooncake.store.common.master_client import MasterClient, segment
 from mooncake.store.master.testing import serve_json_lines
 from mooncake.store.proto import mooncake_master_pb2 as pb
 

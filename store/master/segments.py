@@ -38,13 +38,23 @@ import random
 import time
 from typing import Callable
 
-from mooncake.store.master.allocator import OffsetAllocator
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.allocator import OffsetAllocator
+from mooncake.store.common.errors import ErrorCode
 
 MAX_PROBES = 100
 REMOUNT_HOLD_SEC = 3.0
 ALLOCATION_STRATEGIES = ("random", "free_ratio_first")
 _MAX_ADDRESS = 1 << 64
+
+
+class SegmentSpec:
+    """Parameters of a segment to mount (from the RPC layer)."""
+
+    __slots__ = ("id", "name", "base", "size", "te_endpoint", "protocol")
+
+    def __init__(self, seg_id: str, name: str, base: int, size: int, te_endpoint: str = "", protocol: str = "tcp"):
+        self.id, self.name, self.base, self.size = seg_id, name, base, size
+        self.te_endpoint, self.protocol = te_endpoint, protocol
 
 
 class Segment:
@@ -132,16 +142,12 @@ class SegmentRegistry:
         another client's segments of that name are another instance's, see superseded_by).
         SEGMENT_ALREADY_EXISTS: the id is mounted with other parameters or by another client.
         """
-        if not client_id or not seg_id or not name or base <= 0 or size < 64 or base + size > _MAX_ADDRESS:
-            return ErrorCode.INVALID_PARAMS, None
+        code = self.check_mount(client_id, seg_id, name, base, size, te_endpoint, protocol)
+        if code != ErrorCode.OK:
+            return code, None
         old = self._by_id.get(seg_id)
         if old is not None:
-            if old.client_id == client_id and old.same_params(name, base, size, te_endpoint, protocol):
-                return ErrorCode.OK, old
-            return ErrorCode.SEGMENT_ALREADY_EXISTS, None
-        for other in self._by_name.get(name, ()):
-            if other.client_id == client_id and base < other.base + other.size and other.base < base + size:
-                return ErrorCode.INVALID_PARAMS, None
+            return ErrorCode.OK, old
         seg = Segment(seg_id, name, base, size, te_endpoint, protocol, client_id)
         now = self._clock()
         self._forget_unmounted(now)
@@ -156,6 +162,21 @@ class SegmentRegistry:
         self._by_client.setdefault(client_id, {})[seg_id] = seg
         self.capacity += seg.allocator.capacity
         return ErrorCode.OK, seg
+
+    def check_mount(self, client_id: str, seg_id: str, name: str, base: int, size: int, te_endpoint: str = "",
+                    protocol: str = "tcp") -> ErrorCode:
+        """What ``mount`` would answer, changing nothing (OK also for the same segment mounted already)."""
+        if not client_id or not seg_id or not name or base <= 0 or size < 64 or base + size > _MAX_ADDRESS:
+            return ErrorCode.INVALID_PARAMS
+        old = self._by_id.get(seg_id)
+        if old is not None:
+            if old.client_id == client_id and old.same_params(name, base, size, te_endpoint, protocol):
+                return ErrorCode.OK
+            return ErrorCode.SEGMENT_ALREADY_EXISTS
+        for other in self._by_name.get(name, ()):
+            if other.client_id == client_id and base < other.base + other.size and other.base < base + size:
+                return ErrorCode.INVALID_PARAMS
+        return ErrorCode.OK
 
     def unmount(self, seg_id: str) -> Segment | None:
         """Removes a segment (None if unknown). Its replicas become dangling: the caller drops them."""

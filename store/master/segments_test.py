@@ -1,6 +1,6 @@
 import random
 
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 from mooncake.store.master.segments import SegmentRegistry
 
 MiB = 1 << 20

@@ -32,6 +32,12 @@ tasks are handed out once); an owner that unmounts or expires loses all its disk
 ``put_start(promote=True)`` gives a disk-only object a memory replica again (a hot object; the disk replica
 stays).
 
+Durable state changes only in ``apply`` (ops.py lists the operations, apply.py their handlers): a public
+method validates and decides (placement, leases, the clock), then applies the op that carries the decision;
+``journal`` (durable.py, ha.py) records each one, and a standby or a restarted master applies the same ops to
+get the same state. The SSD tier (disk_tier.DiskTier) and reserved blocks (reservations.ReservationPool) are
+composed parts sharing the lock; their RPC entry points are delegated under the names below.
+
 The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
 revokes stuck puts and copy/move operations, releases held buffers, fails overdue tasks, purges expired
 lease entries and evicts when usage reaches the high watermark (a round that finds nothing evictable, e.g.
@@ -48,16 +54,18 @@ import time
 from typing import Callable
 
 from mooncake.store.master.config import MAX_KEY_BYTES, MAX_REPLICA_NUM, MasterConfig
-from mooncake.store.master.errors import ErrorCode
-from mooncake.store.master.eviction import object_bytes, select_victims
+from mooncake.store.common.errors import ErrorCode
+from mooncake.store.master.eviction import select_victims
 from mooncake.store.master.key_pattern import KeyPattern
 from mooncake.store.master.liveness import ClientRegistry
 from mooncake.store.master.metrics import MasterMetrics
-from mooncake.store.master.disk_tier import DiskTierMixin
-from mooncake.store.master.objects import DiskClient, Held, ObjectTable, PendingPut, PutConfig, PutKind, replicas_of
+from mooncake.store.master import introspection, ops
+from mooncake.store.master.apply import HANDLERS, held_entry
+from mooncake.store.master.disk_tier import DiskTier
+from mooncake.store.master.objects import Held, ObjectTable, PendingPut, PutConfig, PutKind, replicas_of
 from mooncake.store.master.replication import Replicator
-from mooncake.store.master.reservations import ReservationMixin
-from mooncake.store.master.segments import Replica, Segment, SegmentRegistry
+from mooncake.store.master.reservations import ReservationPool
+from mooncake.store.master.segments import Replica, Segment, SegmentRegistry, SegmentSpec  # noqa: F401
 from mooncake.store.master.tasks import TaskManager
 
 _log = logging.getLogger("mooncake.store.master")
@@ -67,6 +75,9 @@ _PURGE_PERIOD_SEC = 1.0
 _EVICT_BACKOFF_SEC = 1.0  # after a watermark round that found nothing to evict (scans cost O(objects))
 _MAX_SHARED_SIZES = 4096  # distinct object sizes whose int objects are shared (28 B saved per object)
 _SCAN_CHUNK = 1024  # keys a regex call acts on per lock hold
+# After restoring durable state (restart, failover), a PutEnd of a committed key answers OK for this long: its
+# writer retries a call the previous master ran (clients retry within MC_RPC_TIMEOUT_MS, 30 s by default).
+RETRY_WINDOW_SEC = 30.0
 
 
 def _key_pattern(pattern: str, what: str) -> KeyPattern | None:
@@ -78,17 +89,7 @@ def _key_pattern(pattern: str, what: str) -> KeyPattern | None:
         return None
 
 
-class SegmentSpec:
-    """Parameters of a segment to mount (from the RPC layer)."""
-
-    __slots__ = ("id", "name", "base", "size", "te_endpoint", "protocol")
-
-    def __init__(self, seg_id: str, name: str, base: int, size: int, te_endpoint: str = "", protocol: str = "tcp"):
-        self.id, self.name, self.base, self.size = seg_id, name, base, size
-        self.te_endpoint, self.protocol = te_endpoint, protocol
-
-
-class MasterService(DiskTierMixin, ReservationMixin):
+class MasterService:
     def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  metrics: MasterMetrics | None = None, rng: random.Random | None = None) -> None:
         self.config = config = config or MasterConfig()
@@ -96,7 +97,30 @@ class MasterService(DiskTierMixin, ReservationMixin):
         self._clock = clock
         self._lock = threading.Lock()
         self.metrics = metrics or MasterMetrics()
-        self.segments = SegmentRegistry(config.allocation_strategy, rng, clock,
+        self._rng = rng
+        # A fresh random view version per master process: clients see a restart as a version change (with HA:
+        # the leader's view number, ha.py).
+        self.view_version = random.SystemRandom().getrandbits(63) or 1
+        self.lease_ttl = config.default_kv_lease_ttl_ms / 1000.0
+        # Durable changes (ops.py): `journal` (None or an object with append(op)) gets every top-level op
+        # applied, in order; `applied_ops` counts them. A standby applies ops with its allocators not live (it
+        # frees nothing) and rebuilds them when it takes over (durable.rebuild_allocators).
+        self.journal = None
+        self._calls = threading.local()
+        self.gate = None  # ha.Gate with HA: the RPC layer asks it whether to serve, and waits for the log
+        self.reset_state()
+        # Role and HA/durability status for /health, /role, /ha_status (name -> callable giving a dict)
+        self.role = "single"  # "leader" or "standby" with HA (ha.py)
+        self.status_sources: dict[str, Callable[[], dict]] = {}
+        self.wall = time.time  # wall clock: op logs and snapshots carry wall-clock times (ops.py)
+        self._monitor: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.metrics.attach_state(self.snapshot)
+
+    def reset_state(self) -> None:
+        """(Re)creates empty metadata: at construction, and for a master that lost leadership (ha.py; lock held)."""
+        config, clock = self.config, self._clock
+        self.segments = SegmentRegistry(config.allocation_strategy, self._rng, clock,
                                         config.default_kv_lease_ttl_ms / 1000.0)
         self.table = ObjectTable()
         self.clients = ClientRegistry(config.client_ttl_sec)
@@ -104,21 +128,15 @@ class MasterService(DiskTierMixin, ReservationMixin):
                                  config.max_total_finished_tasks, config.pending_task_timeout_sec,
                                  config.processing_task_timeout_sec)
         self.replicator = Replicator(self)
-        # A fresh random view version per master process: clients see a restart as a version change.
-        self.view_version = random.SystemRandom().getrandbits(63) or 1
-        self.lease_ttl = config.default_kv_lease_ttl_ms / 1000.0
         self._next_purge = 0.0
         self._next_watermark_evict = 0.0
         self._sizes: dict[int, int] = {}
-        self.disk_clients: dict[str, DiskClient] = {}
-        self._init_reservations()
-        # Offload task versions start at a random 62-bit value per master process: a report of a task a
-        # previous master handed out (its copy may come from memory that master reused) never matches.
-        self._offload_version = random.SystemRandom().getrandbits(62)
-        self._drop_number = random.SystemRandom().getrandbits(62)  # numbers drop notices (take_disk_drops)
-        self._monitor: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.metrics.attach_state(self.snapshot)
+        self.disk_tier = DiskTier(self)
+        self.reservation_pool = ReservationPool(self)
+        self.applied_ops = 0
+        self.allocators_live = True
+        self._apply_depth = 0
+        self.taken_over_at = None  # when this master restored/took over durable state (durable.take_over)
 
     # -- locking helpers used by replication.py ---------------------------------------------------------------
     @property
@@ -127,6 +145,47 @@ class MasterService(DiskTierMixin, ReservationMixin):
 
     def now(self) -> float:
         return self._clock()
+
+    # -- composed parts, under the names the RPC layer and tests use ----------------------------------------------
+    @property
+    def disk_clients(self):
+        return self.disk_tier.clients
+
+    @property
+    def reservations(self):
+        return self.reservation_pool.blocks
+
+    # ======================================================================================================
+    # The one place where durable state changes (ops.py, apply.py)
+    # ======================================================================================================
+    def apply(self, op):
+        """Applies `op` (a standby replaying the leader's log, a restore); takes the lock. Returns the
+        handler's result. Raises what the handler raises for an op that does not fit the state (KeyError:
+        e.g. a commit of an unknown put), leaving the state as far as the handler got."""
+        with self._lock:
+            return self._apply(op)
+
+    def _apply(self, op):
+        top = self._apply_depth == 0
+        self._apply_depth += 1
+        try:
+            result = HANDLERS[type(op)](self, op)
+        finally:
+            self._apply_depth -= 1
+        if top:
+            self.applied_ops += 1
+            self._calls.lsn = self.applied_ops
+            if self.journal is not None:
+                self.journal.append(op)
+        return result
+
+    def begin_call(self) -> None:
+        self._calls.lsn = 0
+
+    def call_lsn(self) -> int:
+        """The last op the calling thread applied since begin_call, else the last op anyone applied (what the
+        call may have seen): its reply waits until the log holds it (ha.py)."""
+        return getattr(self._calls, "lsn", 0) or self.applied_ops
 
     # ======================================================================================================
     # Segments and clients
@@ -161,7 +220,7 @@ class MasterService(DiskTierMixin, ReservationMixin):
             elif seg.client_id != client_id:
                 code = ErrorCode.ILLEGAL_CLIENT
             else:
-                self._unmount_locked(seg, "unmount")
+                self._apply(ops.UnmountSegment(seg.id, "unmount"))
                 code = OK
             self.metrics.count("unmount_segment", code)
             return code
@@ -174,18 +233,20 @@ class MasterService(DiskTierMixin, ReservationMixin):
             return OK, self.clients.ping(client_id, self._clock())
 
     def _mount_locked(self, client_id: str, spec: SegmentSpec, remount: bool = False) -> ErrorCode:
-        code, seg = self.segments.mount(client_id, spec.id, spec.name, spec.base, spec.size, spec.te_endpoint,
-                                        spec.protocol, remount)
-        if code == OK:
+        code = self.segments.check_mount(client_id, spec.id, spec.name, spec.base, spec.size, spec.te_endpoint,
+                                         spec.protocol)
+        if code != OK:
+            return code
+        if self.segments.get(spec.id) is not None:  # mounted already with these parameters
             self.clients.register(client_id, self._clock())
-            for old in self.segments.superseded_by(seg):  # a dead instance's, under this name (segments.py)
-                self._unmount_locked(old, "superseded")
-        return code
+            return OK
+        return self._apply(ops.MountSegment(client_id, spec.id, spec.name, spec.base, spec.size, spec.te_endpoint,
+                                            spec.protocol, remount))
 
     def _unmount_locked(self, seg: Segment, reason: str) -> None:
-        """Unmounts `seg` and drops every replica on it; objects left without replicas disappear."""
-        had_data = seg.allocator.used_bytes > 0
-        self._drop_reservations_locked(segment=seg)
+        """Unmounts `seg` and drops every replica on it; objects left without replicas disappear (handlers)."""
+        had_data = seg.allocator.used_bytes > 0 or not self.allocators_live
+        self.reservation_pool.drop(segment=seg)
         self.segments.unmount(seg.id)
         if not had_data:
             return
@@ -196,7 +257,7 @@ class MasterService(DiskTierMixin, ReservationMixin):
                 continue
             task = self.table.offloading.get(key)
             if task is not None and task.replica.segment is seg:
-                self._cancel_offload_locked(key)
+                self.disk_tier.cancel_offload(key)
             remaining = tuple(r for r in reps if r.segment is not seg)
             if remaining:
                 objects[key] = remaining[0] if len(remaining) == 1 else remaining
@@ -210,7 +271,8 @@ class MasterService(DiskTierMixin, ReservationMixin):
         self.replicator.on_segment_unmounted(seg)
         _log.info("segment %s (%s) of client %s unmounted (%s)", seg.id, seg.name, seg.client_id, reason)
 
-    def _expire_client_locked(self, client_id: str, now: float) -> None:
+    def _expire_client_locked(self, client_id: str, at: float) -> None:
+        """The ExpireClient handler's work (apply.py)."""
         for seg in self.segments.of_client(client_id):
             self._unmount_locked(seg, "client_expired")
         for key, p in list(self.table.pending.items()):
@@ -219,10 +281,10 @@ class MasterService(DiskTierMixin, ReservationMixin):
                 self._free(p.replicas)
                 self.metrics.revoked_puts.labels(reason="client_expired").inc()
         self._release_held(lambda h: h.writer == client_id)
-        self._drop_reservations_locked(client_id=client_id)
-        self._unmount_disk_locked(client_id)
+        self.reservation_pool.drop(client_id=client_id)
+        self.disk_tier.unmount(client_id, at)
         self.replicator.on_client_expired(client_id)
-        self.tasks.fail_client(client_id, now)
+        self.clients.forget(client_id)
         self.metrics.expired_clients.inc()
         _log.warning("client %s expired (no ping for %.1f s): its segments were unmounted", client_id,
                      self.clients.ttl)
@@ -300,6 +362,12 @@ class MasterService(DiskTierMixin, ReservationMixin):
         if not client_id or size <= 0 or not 1 <= cfg.replica_num <= MAX_REPLICA_NUM:
             return ErrorCode.INVALID_PARAMS, []
         t = self.table
+        p = t.pending.get(key)
+        if (p is not None and self.taken_over_at is not None and p.started <= self.taken_over_at
+                and p.client_id == client_id and p.size == size and len(p.replicas) <= cfg.replica_num):
+            # Its writer retries a PutStart the previous master answered (or not) before it went: the same
+            # buffers, which the writer may have written already.
+            return OK, list(p.replicas)
         if self._put_in_progress_locked(key, now):
             return (ErrorCode.OBJECT_REPLICA_BUSY if upsert else ErrorCode.OBJECT_ALREADY_EXISTS), []
         old = t.objects.get(key)
@@ -323,18 +391,15 @@ class MasterService(DiskTierMixin, ReservationMixin):
             old_reps = replicas_of(old)
             if (old_reps[0].size == size and len(old_reps) == cfg.replica_num
                     and not t.lease_deadline(key, now)):
-                # Overwrite in place: the object is unreadable until the end (its buffers are being written).
-                # drop() also forgets its pins, so a revoked/expired upsert leaves no stale pin entries.
-                t.drop(key)
-                self._cancel_offload_locked(key)  # its bytes are about to change
-                t.pending[key] = PendingPut(client_id, size, list(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE)
+                # Overwrite in place (apply.py: the object is unreadable until the end).
+                self._apply(ops.PutStart(key, client_id, size, tuple(old_reps), now, cfg, PutKind.UPSERT_IN_PLACE))
                 return OK, list(old_reps)
             kind = PutKind.UPSERT_REALLOC
         size = self._shared_size(size)
         replicas = self._allocate_locked(size, cfg.replica_num, cfg.preferred_segments, now)
         if not replicas:
             return ErrorCode.NO_AVAILABLE_HANDLE, []
-        t.pending[key] = PendingPut(client_id, size, replicas, now, cfg, kind)
+        self._apply(ops.PutStart(key, client_id, size, tuple(replicas), now, cfg, kind))
         return OK, replicas
 
     def _put_in_progress_locked(self, key: str, now: float) -> bool:
@@ -361,11 +426,11 @@ class MasterService(DiskTierMixin, ReservationMixin):
                 return ErrorCode.OBJECT_NOT_FOUND  # its put was revoked; the late writer's buffers are freed now
             if p is not None:
                 return ErrorCode.ILLEGAL_CLIENT
+            if key in t.objects and self.taken_over_at is not None and now - self.taken_over_at < RETRY_WINDOW_SEC:
+                return OK  # a PutEnd retried after a restart/failover: the previous master committed it
             return ErrorCode.INVALID_WRITE if key in t.objects else ErrorCode.OBJECT_NOT_FOUND
-        del t.pending[key]
-        if p.kind == PutKind.UPSERT_REALLOC and key in t.objects:
-            self._retire_locked(key, t.objects[key], now)
-        self._commit_new_locked(key, p.replicas, now, p.config, p.kind != PutKind.PROMOTE)
+        hold = t.lease_deadline(key, now) if p.kind == PutKind.UPSERT_REALLOC and key in t.objects else 0.0
+        self._apply(ops.PutCommit(key, client_id, now, hold))
         return OK
 
     def _commit_new_locked(self, key: str, replicas, now: float, cfg: PutConfig, new_version: bool = True) -> None:
@@ -375,10 +440,9 @@ class MasterService(DiskTierMixin, ReservationMixin):
         if new_version:
             # A new version: an older file of the key is obsolete; the owner of its memory (if it has an SSD
             # tier) is to persist this one.
-            self._drop_disk_locked(key)
-            self._cancel_offload_locked(key)
-            if self.disk_clients:
-                self._queue_offload_locked(key, replicas, now)
+            self.disk_tier.drop_disk(key)
+            self.disk_tier.cancel_offload(key)
+            self.disk_tier.queue_offload(key, replicas, now)
 
     def _shared_size(self, size: int) -> int:
         """KV caches use few distinct sizes: objects share the int objects of the first _MAX_SHARED_SIZES."""
@@ -395,10 +459,7 @@ class MasterService(DiskTierMixin, ReservationMixin):
             else:
                 code = ErrorCode.OBJECT_NOT_FOUND if p is None else ErrorCode.ILLEGAL_CLIENT
         else:
-            del t.pending[key]
-            self._free(p.replicas)
-            if p.kind == PutKind.UPSERT_IN_PLACE:
-                t.drop(key)  # its old bytes were partly overwritten: the object is gone
+            self._apply(ops.PutRevoke(key))
             self.metrics.revoked_puts.labels(reason="client").inc()
             code = OK
         self.metrics.count("put_revoke", code)
@@ -406,21 +467,16 @@ class MasterService(DiskTierMixin, ReservationMixin):
 
     def _discard_locked(self, key: str, p: PendingPut, now: float, reason: str) -> None:
         """Revokes a stuck put: the key goes now, its buffers are held (see module docstring)."""
-        del self.table.pending[key]
-        if p.kind == PutKind.UPSERT_IN_PLACE:
-            self.table.drop(key)
-        self.table.held.append(Held(key, tuple(p.replicas), now + self.config.put_start_release_timeout_sec,
-                                    p.client_id))
-        self.metrics.revoked_puts.labels(reason=reason).inc()
+        self._apply(ops.PutDiscard(key, now, reason))
         _log.log(logging.WARNING if reason == "timeout" else logging.INFO,
                  "put of %r by client %s revoked (%s) after %.1f s in PROCESSING", key, p.client_id, reason,
                  now - p.started)
 
-    def _retire_locked(self, key: str, value, now: float) -> None:
-        """Frees the buffers of a replaced/removed version, or holds them while a reader's lease lasts."""
-        deadline = self.table.lease_deadline(key, now)
-        if deadline:
-            self.table.held.append(Held(key, replicas_of(value), deadline))
+    def _retire_locked(self, key: str, value, hold_until: float) -> None:
+        """Frees the buffers of a replaced/removed version, or holds them until `hold_until` (a reader's lease;
+        the op's decision). For handlers."""
+        if hold_until:
+            self.table.held.append(Held(key, replicas_of(value), hold_until))
         else:
             self._free(replicas_of(value))
 
@@ -444,34 +500,25 @@ class MasterService(DiskTierMixin, ReservationMixin):
 
     def _evict_locked(self, target: int, now: float, reason: str) -> int:
         victims, _ = select_victims(self.table, now, target, self.config.allow_evict_soft_pinned_objects)
-        freed = 0
-        for key in victims:
-            self._cancel_offload_locked(key)
-            reps = self.table.drop(key)
-            freed += sum(r.segment.allocator.rounded(r.size) for r in reps)
-            self._free(reps)
         if victims:
+            freed = self._apply(ops.Evict(tuple(victims), reason))
             self.metrics.evicted_objects.labels(reason=reason).inc(len(victims))
             self.metrics.evicted_bytes.labels(reason=reason).inc(freed)
             _log.info("evicted %d objects (%d bytes, %s)", len(victims), freed, reason)
         return len(victims)
 
     def _free(self, replicas) -> None:
-        for r in replicas:
-            self.segments.release(r)
+        """Returns buffers to their segments' allocators (nothing on a standby: its allocators are rebuilt)."""
+        if self.allocators_live:
+            for r in replicas:
+                self.segments.release(r)
 
     def _release_held(self, match: Callable[[Held], bool]) -> int:
-        """Frees every held entry for which `match` is true; returns how many."""
-        keep, n = [], 0
-        for h in self.table.held:
-            if match(h):
-                self._free(h.replicas)
-                n += 1
-            else:
-                keep.append(h)
-        if n:
-            self.table.held = keep
-        return n
+        """Frees every held entry for which `match` is true (one ReleaseHeld op); returns how many."""
+        entries = tuple(held_entry(h) for h in self.table.held if match(h))
+        if entries:
+            self._apply(ops.ReleaseHeld(entries))
+        return len(entries)
 
     # ======================================================================================================
     # Reads
@@ -628,18 +675,11 @@ class MasterService(DiskTierMixin, ReservationMixin):
             if not force:
                 return ErrorCode.OBJECT_HAS_REPLICATION_TASK
             self.replicator.cancel(key)
-        if not force and t.lease_deadline(key, now):
+        deadline = t.lease_deadline(key, now)
+        if not force and deadline:
             return ErrorCode.OBJECT_HAS_LEASE
-        if value is not None:
-            self._retire_locked(key, value, now)  # force on a leased object: buffers held until the lease ends
-        t.drop(key)
-        self._drop_disk_locked(key)
-        self._cancel_offload_locked(key)
-        p = t.pending.get(key)
-        if p is not None and p.kind == PutKind.UPSERT_REALLOC:
-            p.kind = PutKind.PUT  # the upsert in flight now creates the key afresh
-        elif p is not None and p.kind == PutKind.PROMOTE:
-            self._discard_locked(key, p, now, "removed")  # nothing left to promote
+        # force on a leased object: its buffers are held until the lease ends (apply.py)
+        self._apply(ops.Remove(key, now, deadline if value is not None else 0.0))
         return OK
 
     # ======================================================================================================
@@ -694,14 +734,15 @@ class MasterService(DiskTierMixin, ReservationMixin):
         with self._lock:
             now = self._clock()
             for client_id in self.clients.expire(now):
-                self._expire_client_locked(client_id, now)
+                self._apply(ops.ExpireClient(client_id, now))
+                self.tasks.fail_client(client_id, now)
             timeout = self.config.put_start_discard_timeout_sec
             stuck = [(k, p) for k, p in self.table.pending.items() if now - p.started >= timeout]
             for key, p in stuck:
                 self._discard_locked(key, p, now, "timeout")
             self._release_held(lambda h: h.release_at <= now)
             if self.reservations:
-                self._drop_reservations_locked(idle_before=now - self.config.reservation_idle_sec)
+                self.reservation_pool.drop(idle_before=now - self.config.reservation_idle_sec)
             self.replicator.expire(now)
             self.tasks.expire(now)
             if now >= self._next_purge:
@@ -736,49 +777,21 @@ class MasterService(DiskTierMixin, ReservationMixin):
             except Exception:  # keep the master alive; the failure is a bug worth a loud log line
                 _log.exception("master monitor round failed")
 
-    # ======================================================================================================
-    # Introspection (metrics, admin HTTP)
-    # ======================================================================================================
-    def snapshot(self) -> dict:
-        """Counts and per-segment usage (a consistent view taken under the lock)."""
-        with self._lock:
-            now = self._clock()
-            t = self.table
-            return {
-                "objects": len(t.objects), "pending_puts": len(t.pending),
-                "disk_replicas": len(t.disk), "disk_clients": len(self.disk_clients),
-                "offload_pending": len(t.offloading),
-                "offload_queued": sum(dc.backlog for dc in self.disk_clients.values()),
-                "offload_dropped": sum(dc.dropped for dc in self.disk_clients.values()),
-                "capacity_bytes": self.segments.capacity, "used_bytes": self.segments.used,
-                "usage": round(self.segments.usage(), 6),
-                "held_bytes": sum(r.segment.allocator.rounded(r.size) for h in t.held for r in h.replicas
-                                  if r.segment.mounted),
-                "reserved_bytes": self.reserved_bytes(), "reservations": len(self.reservations),
-                "clients": len(self.clients), "leases": t.live_lease_count(now),
-                "hard_pinned": len(t.hard_pins), "soft_pinned": len(t.soft_pins),
-                "segments": [s.describe() for s in self.segments.all()],
-                "tasks": self.tasks.counts(), "view_version": self.view_version,
-            }
 
-    def describe_key(self, key: str) -> tuple[ErrorCode, dict]:
-        """Read-only view of one key (no lease, no LRU touch) for the admin endpoint."""
-        with self._lock:
-            now = self._clock()
-            t = self.table
-            value = t.objects.get(key)
-            d = t.disk.get(key)
-            if value is None and d is None:
-                return (ErrorCode.REPLICA_IS_NOT_READY if key in t.pending else ErrorCode.OBJECT_NOT_FOUND), {}
-            reps = replicas_of(value) if value is not None else ()
-            return OK, {
-                "key": key, "size": reps[0].size if reps else d.size,
-                "bytes": object_bytes(value) if value is not None else 0,
-                "disk_replica": None if d is None else {"client_id": d.owner.client_id, "endpoint": d.owner.endpoint,
-                                                        "size": d.size, "seq": d.seq},
-                "offload_pending": key in t.offloading,
-                "lease_ms_left": int(max(0.0, t.lease_deadline(key, now) - now) * 1000),
-                "hard_pinned": key in t.hard_pins, "soft_pinned": t.soft_pins.get(key, 0.0) > now,
-                "replicas": [{"segment": r.segment.name, "segment_id": r.segment.id, "address": r.address,
-                              "size": r.size, "transport_endpoint": r.segment.te_endpoint} for r in reps],
-            }
+def _delegate(part: str, name: str):
+    def call(self, *args, **kwargs):
+        return getattr(getattr(self, part), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``self.{part}.{name}`` (the RPC entry point of a composed part; see its docstring)."
+    return call
+
+
+for _name in ("mount_local_disk", "unmount_local_disk", "take_offload_tasks", "notify_offload",
+              "evict_disk_replicas", "take_disk_drops"):
+    setattr(MasterService, _name, _delegate("disk_tier", _name))
+for _name in ("reserve_space", "put_reserved", "put_reserved_batch", "release_space", "reserved_bytes"):
+    setattr(MasterService, _name, _delegate("reservation_pool", _name))
+del _name
+# Read-only views for metrics and the admin server (introspection.py): counts and usage; one key, no lease.
+MasterService.snapshot = introspection.snapshot
+MasterService.describe_key = introspection.describe_key

@@ -11,7 +11,7 @@ import logging
 import random
 
 from mooncake.store.master.config import MasterConfig
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.objects import PutConfig, replicas_of
 from mooncake.store.master.service import MasterService, SegmentSpec
 

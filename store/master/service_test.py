@@ -5,7 +5,7 @@ import random
 import pytest
 
 from mooncake.store.master.config import MAX_KEY_BYTES, MasterConfig
-from mooncake.store.master.errors import ErrorCode as E
+from mooncake.store.common.errors import ErrorCode as E
 from mooncake.store.master.objects import PutConfig
 from mooncake.store.master.service import MasterService, SegmentSpec
 from mooncake.store.master.tasks import TaskStatus
@@ -476,7 +476,7 @@ def _offloaded(svc, key, size=4 * KiB, owner="c1", seq=1, writer="w", segment="h
 def _evict_memory(svc, key):
     """What eviction does to one object (whatever its lease): its memory replicas go."""
     with svc.lock:
-        svc._cancel_offload_locked(key)
+        svc.disk_tier.cancel_offload(key)
         svc._free(svc.table.drop(key))
 
 
@@ -582,7 +582,7 @@ def test_stale_offload_copies_are_refused(clock):
         return _tasks(svc, "c1")[key][2]
 
     put(svc, "early", client="w", cfg=on_h1)
-    guess = svc._offload_version
+    guess = svc.disk_tier._offload_version
     assert svc.notify_offload("c1", [("early", 4 * KiB, 1, guess)]) == [E.OBJECT_NOT_FOUND]  # not handed out
     assert _tasks(svc, "c1")["early"][2] == guess
     assert svc.notify_offload("c1", [("early", 4 * KiB, 1, guess)]) == [E.OK]
@@ -631,7 +631,7 @@ def test_eviction_spares_objects_being_persisted(clock):
     _offloaded(svc, "saved", 16 * KiB)
     put(svc, "plain", 16 * KiB)
     with svc.lock:
-        svc._cancel_offload_locked("plain")  # as if its owner had no SSD tier
+        svc.disk_tier.cancel_offload("plain")  # as if its owner had no SSD tier
     assert svc._evict_locked(1, clock(), "test") == 1  # "saved" lives on, disk-only
     assert svc.describe_key("saved")[1]["replicas"] == [] and svc.exist("unsaved") == (E.OK, True)
     assert svc._evict_locked(1, clock(), "test") == 1

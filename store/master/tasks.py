@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import uuid
 
-from mooncake.store.master.errors import ErrorCode
+from mooncake.store.common.errors import ErrorCode
 
 
 class TaskType(enum.IntEnum):

@@ -3,13 +3,17 @@ library: code built against them resolves the driver at run time (transfer_engin
 
 Generates:
   :cuda12, :cuda13   cc_library with that major version's headers (only for the versions found)
+  :cufile            cc_library with cufile.h (cuFile / GPUDirect Storage), when found
   defs.bzl           CUDA_HEADER_MAJORS (sorted list of ints), CUDA_HEADER_SOURCES ({major: "VERSION at DIR"}),
-                     CUDA_HEADERS_MISSING ({major: why not found}) for 12 and 13
+                     CUDA_HEADERS_MISSING ({major: why not found}) for 12 and 13, CUFILE_HEADER (the cufile.h
+                     used, "" when none was found)
 
 Where headers are looked for, first match per major version wins:
   $CUDA_HOME/include, /usr/local/cuda/include     (the toolkit; CUDA 13 on the project's machines)
   <python site-packages>/nvidia/cuda_runtime/include   (pip nvidia-cuda-runtime-cu12, pinned in ci/requirements.lock)
   <python site-packages>/nvidia/cu13/include
+cufile.h: $CUDA_HOME/include, /usr/local/cuda/include, then <site-packages>/nvidia/cufile/include (pip
+nvidia-cufile-cu12, pinned in ci/requirements.lock).
 The Python is $PYTHON_BIN_PATH, else <workspace>/.venv/bin/python3 (as @local_python).
 """
 
@@ -36,10 +40,12 @@ def _python(rctx):
 
 def _impl(rctx):
     candidates = []
+    cufile_dirs = []
     home = rctx.os.environ.get("CUDA_HOME", "")
     if home:
         candidates.append(home + "/include")
     candidates.append("/usr/local/cuda/include")
+    toolkit = list(candidates)
     python = _python(rctx)
     if python:
         res = rctx.execute([python, "-c", _PURELIB])
@@ -47,6 +53,7 @@ def _impl(rctx):
             site = res.stdout.strip()
             candidates.append(site + "/nvidia/cuda_runtime/include")
             candidates.append(site + "/nvidia/cu13/include")
+            cufile_dirs.append(site + "/nvidia/cufile/include")
 
     found = {}
     for include_dir in candidates:
@@ -69,6 +76,19 @@ def _impl(rctx):
     includes = ["{local}"],
 )
 """.format(major = major, local = local))
+    cufile = ""
+    for include_dir in toolkit + cufile_dirs:
+        if rctx.path(include_dir + "/cufile.h").exists:
+            cufile = include_dir + "/cufile.h"
+            break
+    if cufile:
+        rctx.symlink(cufile, "cufile/include/cufile.h")
+        build.append("""cc_library(
+    name = "cufile",
+    hdrs = ["cufile/include/cufile.h"],
+    includes = ["cufile/include"],
+)
+""")
     rctx.file("BUILD.bazel", "\n".join(build))
     sources = {m: "%d.%d at %s" % (found[m][0] // 1000, (found[m][0] % 1000) // 10, found[m][1]) for m in found}
     missing = {
@@ -76,10 +96,11 @@ def _impl(rctx):
         for m in _WANTED
         if m not in found
     }
-    rctx.file("defs.bzl", "CUDA_HEADER_MAJORS = %r\nCUDA_HEADER_SOURCES = %r\nCUDA_HEADERS_MISSING = %r\n" % (
+    rctx.file("defs.bzl", "CUDA_HEADER_MAJORS = %r\nCUDA_HEADER_SOURCES = %r\nCUDA_HEADERS_MISSING = %r\nCUFILE_HEADER = %r\n" % (
         sorted(found.keys()),
         sources,
         missing,
+        cufile,
     ))
 
 cuda_headers_configure = repository_rule(

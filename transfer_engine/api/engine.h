@@ -77,6 +77,15 @@ class TransferEngine {
   StatusOr<std::vector<BufferInfo>> GetSegmentBuffers(const std::string& name);
   /// Drops the cached descriptor and connections of a segment; the next transfer looks it up again.
   void InvalidateSegment(const std::string& name);
+  /// A segment the application describes itself (e.g. files this process may read and write): `name` then
+  /// resolves to `descriptor_json` (parsed now: kMalformedJson, kInvalidArgument for an empty name or this
+  /// engine's own name) without asking the metadata service, and nothing is published. Its descriptor is marked
+  /// `defined_locally`: it is the application's word, not another engine's, so a transport may act on what it
+  /// names (a file path) where it would refuse a peer's descriptor. Defining a name again replaces it (the
+  /// transports' state for the name is dropped). Thread-safe.
+  Status DefineSegment(const std::string& name, const std::string& descriptor_json);
+  /// kNotFound when `name` was not defined; afterwards it resolves through the metadata service again.
+  Status UndefineSegment(const std::string& name);
 
   // --- batches ---
   StatusOr<BatchId> AllocateBatch(size_t capacity);

@@ -244,6 +244,18 @@ uintptr_t CompatEngine::GetFirstBufferAddress(const std::string& segment_name) {
   return buffers->empty() ? 0 : static_cast<uintptr_t>(buffers->front().addr);
 }
 
+int CompatEngine::DefineSegment(const std::string& name, const std::string& descriptor_json) {
+  MC_REQUIRE_INIT(-1);
+  Status st = engine_->DefineSegment(name, descriptor_json);
+  return st.ok() ? 0 : Fail("define_segment", st);
+}
+
+int CompatEngine::UndefineSegment(const std::string& name) {
+  MC_REQUIRE_INIT(-1);
+  Status st = engine_->UndefineSegment(name);
+  return st.ok() ? 0 : Fail("undefine_segment", st);
+}
+
 std::string CompatEngine::GetLocalTopology(const std::string& device_name) const {
   return TransferEngine::LocalTopologyJson(device_name);
 }

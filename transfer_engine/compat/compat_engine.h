@@ -58,6 +58,10 @@ class CompatEngine {
   int TransferCheckStatus(uint64_t batch_id);
 
   uintptr_t GetFirstBufferAddress(const std::string& segment_name);
+  /// TransferEngine::DefineSegment / UndefineSegment (extras, not in Mooncake's API): 0, else the status's
+  /// negative code (-1 bad argument or not initialized).
+  int DefineSegment(const std::string& name, const std::string& descriptor_json);
+  int UndefineSegment(const std::string& name);
   std::string GetLocalTopology(const std::string& device_name) const;
   std::vector<Notification> GetNotifies();
   /// timeout_ms 0: the handshake timeout (MC_HANDSHAKE_CONNECT_TIMEOUT).

@@ -50,6 +50,7 @@ void Task::Start(std::shared_ptr<Batch> owner, std::vector<Slice> slices, Region
     return;
   }
   keep_alive_ = std::move(owner);
+  if (route.latency) started_ = std::chrono::steady_clock::now();
   remaining_.store(slices_.size(), std::memory_order_relaxed);
   state_.store(static_cast<uint8_t>(TransferState::kPending), std::memory_order_release);
 }
@@ -80,6 +81,9 @@ void Task::Finish() {
     if (!error_.ok()) state = error_.code() == ErrorCode::kTimeout ? TransferState::kTimeout : TransferState::kFailed;
   }
   local_pin_.reset();
+  if (state == TransferState::kCompleted && route.latency) {
+    route.latency->Record(std::chrono::steady_clock::now() - started_, transferred_.load(std::memory_order_relaxed));
+  }
   state_.store(static_cast<uint8_t>(state), std::memory_order_release);
   // Drop our reference last: it may destroy the batch, and with it this task.
   std::shared_ptr<Batch> owner = std::move(keep_alive_);

@@ -13,6 +13,7 @@
 
 #include "transfer_engine/api/status.h"
 #include "transfer_engine/api/types.h"
+#include "transfer_engine/core/latency_histogram.h"
 #include "transfer_engine/core/memory_registry.h"
 #include "transfer_engine/platform/platform.h"
 
@@ -75,6 +76,8 @@ class Task {
     std::string segment;       ///< target segment name
     MemoryKind local_kind;     ///< of the source range
     MemoryKind remote_kind;    ///< of the target buffer
+    /// Where the task's latency (Start to completion) is recorded when it completes; null: nowhere.
+    std::shared_ptr<LatencyHistogram> latency;
   };
   Route route;
 
@@ -89,6 +92,7 @@ class Task {
   Batch* batch_ = nullptr;
   std::vector<Slice> slices_;
   RegionPin local_pin_;
+  std::chrono::steady_clock::time_point started_{};
   std::shared_ptr<Batch> keep_alive_;  // held while in flight, so a freed handle never frees live slices
   std::atomic<size_t> remaining_{0};
   std::atomic<size_t> transferred_{0};

@@ -232,6 +232,11 @@ Status TransferEngine::Impl::PublishLocal() {
 
 StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descriptor(const std::string& name,
                                                                                   bool refresh) {
+  {
+    std::lock_guard lock(seg_mu_);
+    auto it = defined_.find(name);
+    if (it != defined_.end()) return it->second;
+  }
   if (!refresh && !config_.disable_metacache) {
     std::unique_lock lock(seg_mu_);
     auto it = cache_.find(name);
@@ -251,8 +256,8 @@ StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descrip
     }
     return text.status();
   }
-  auto desc = SegmentDescriptor::Parse(*text);
-  if (!desc.ok()) return Status(desc.status().code(), "segment '" + name + "': " + desc.status().message());
+  auto desc = ParseDescriptor(name, *text);
+  if (!desc.ok()) return desc.status();
   CachedSegment entry;
   const nlohmann::json& j = desc->json;
   int pid = j.contains("pid") && j["pid"].is_number_integer() ? j["pid"].get<int>() : 0;
@@ -272,6 +277,23 @@ StatusOr<std::shared_ptr<const SegmentDescriptor>> TransferEngine::Impl::Descrip
   std::lock_guard lock(seg_mu_);
   cache_[name] = entry;
   return entry.desc;
+}
+
+StatusOr<SegmentDescriptor> TransferEngine::Impl::ParseDescriptor(const std::string& name,
+                                                                   const std::string& text) const {
+  auto desc = SegmentDescriptor::Parse(text);
+  if (!desc.ok() && desc.status().code() == ErrorCode::kMalformedJson) {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && transports_.CompleteForeignDescriptor(name, j)) {
+      auto completed = SegmentDescriptor::Parse(j.dump());
+      if (completed.ok()) desc = std::move(completed);
+    }
+  }
+  if (!desc.ok()) return Status(desc.status().code(), "segment '" + name + "': " + desc.status().message());
+  // Known by the name it was looked up under, whatever its `name` field says: transports key their per-peer
+  // state (connections, open files) by it, and ForgetPeer(name) must reach all of it.
+  desc->name = name;
+  return desc;
 }
 
 void TransferEngine::Impl::Forget(const std::string& name) {
@@ -364,6 +386,7 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
     Transport* transport;
     std::string segment;
     MemoryKind remote_kind;
+    std::vector<uint64_t> cuts;  // target buffer boundaries inside the range (a request over several buffers)
   };
   std::vector<Plan> plans;
   plans.reserve(requests.size());
@@ -380,16 +403,38 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
     if (!name.ok()) return name.status();
     auto desc = Descriptor(*name, /*refresh=*/false);
     if (!desc.ok()) return desc.status();
-    const BufferDescriptor* target = (*desc)->FindBuffer(r.target_address, r.length == 0 ? 1 : r.length);
-    if (!target) {
-      desc = Descriptor(*name, /*refresh=*/true);  // the peer may have registered memory since we cached it
-      if (!desc.ok()) return desc.status();
-      target = (*desc)->FindBuffer(r.target_address, r.length == 0 ? 1 : r.length);
-      if (!target) {
-        return Status(ErrorCode::kAddressNotRegistered,
-                      "target range [" + Hex(r.target_address) + ", +" + std::to_string(r.length) +
-                          ") is not inside any buffer segment '" + *name + "' registered");
+    // One buffer holds the range, or buffers back to back do (a file segment's files, adjacent registrations:
+    // the request is split at their boundaries); else the peer may have registered memory since it was cached.
+    std::vector<const BufferDescriptor*> run;
+    auto locate = [&](const SegmentDescriptor& d) {
+      run.clear();
+      if (const BufferDescriptor* b = d.FindBuffer(r.target_address, r.length == 0 ? 1 : r.length)) {
+        run.push_back(b);
+      } else {
+        run = d.FindBufferRun(r.target_address, r.length);
       }
+    };
+    locate(**desc);
+    if (run.empty()) {
+      desc = Descriptor(*name, /*refresh=*/true);
+      if (!desc.ok()) return desc.status();
+      locate(**desc);
+    }
+    if (run.empty()) {
+      return Status(ErrorCode::kAddressNotRegistered,
+                    "target range [" + Hex(r.target_address) + ", +" + std::to_string(r.length) +
+                        ") is not inside any buffer segment '" + *name + "' registered");
+    }
+    const BufferDescriptor* target = run.front();
+    std::vector<uint64_t> cuts;
+    for (size_t i = 1; i < run.size(); ++i) {
+      const uint64_t cut = run[i]->addr;  // strictly inside the range, increasing (FindBufferRun's contract)
+      if (cut <= r.target_address || cut >= r.target_address + r.length || (!cuts.empty() && cut <= cuts.back())) {
+        return Status(ErrorCode::kAddressNotRegistered, "segment '" + *name + "': buffers around [" +
+                                                            Hex(r.target_address) + ", +" +
+                                                            std::to_string(r.length) + ") overlap");
+      }
+      cuts.push_back(cut);
     }
     MemoryKind remote_kind = RemoteKind(*target);
     Transport* transport = transports_.Select(**desc, *pin, remote_kind);
@@ -400,7 +445,7 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
                         (*desc)->protocol + ")");
     }
     if (notify_target.empty()) notify_target = *name;
-    plans.push_back({&r, std::move(pin), std::move(desc.value()), transport, *name, remote_kind});
+    plans.push_back({&r, std::move(pin), std::move(desc.value()), transport, *name, remote_kind, std::move(cuts)});
   }
   if (!b.retry_hook()) {
     SliceRetrier* retrier = retrier_.get();
@@ -411,16 +456,36 @@ Status TransferEngine::Impl::SubmitImpl(Batch& b, const std::vector<TransferRequ
   // Cut into slices and hand them to the transports, grouped per (transport, segment).
   const auto now = std::chrono::steady_clock::now();
   std::map<std::pair<Transport*, const SegmentDescriptor*>, std::vector<Slice*>> groups;
+  std::shared_ptr<LatencyHistogram> latency;  // of the previous plan: most batches have one (transport, segment)
+  const Transport* latency_transport = nullptr;
+  const std::string* latency_segment = nullptr;
   for (auto& p : plans) {
+    if (!latency || p.transport != latency_transport || p.segment != *latency_segment) {
+      latency = latency_.For(p.transport->name(), p.segment);
+      latency_transport = p.transport;
+      latency_segment = &p.segment;
+    }
     auto task = b.AddTask();
     if (!task.ok()) return task.status();  // cannot happen: capacity checked above
-    std::vector<Slice> slices = CutIntoSlices(p.req->opcode, static_cast<char*>(p.req->source),
-                                              p.req->target_address, p.req->length, p.transport->slice_size());
+    std::vector<Slice> slices;
+    uint64_t from = p.req->target_address;
+    const uint64_t end = p.req->target_address + p.req->length;
+    for (size_t i = 0; i <= p.cuts.size(); ++i) {  // one run of slices per target buffer
+      const uint64_t to = i < p.cuts.size() ? p.cuts[i] : end;
+      auto piece = CutIntoSlices(p.req->opcode, static_cast<char*>(p.req->source) + (from - p.req->target_address),
+                                 from, to - from, p.transport->slice_size());
+      if (slices.empty()) {
+        slices = std::move(piece);
+      } else {
+        slices.insert(slices.end(), std::make_move_iterator(piece.begin()), std::make_move_iterator(piece.end()));
+      }
+      from = to;
+    }
     for (auto& s : slices) {
       s.tried_transports = transports_.Bit(p.transport);
       s.handed_out = now;
     }
-    (*task)->route = {std::move(p.segment), p.pin->kind, p.remote_kind};
+    (*task)->route = {p.segment, p.pin->kind, p.remote_kind, latency};
     b.StartTask(*task, std::move(slices), std::move(p.pin));
     auto& group = groups[{p.transport, p.desc.get()}];
     for (auto& s : (*task)->slices()) group.push_back(&s);

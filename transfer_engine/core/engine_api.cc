@@ -172,6 +172,34 @@ StatusOr<std::vector<BufferInfo>> TransferEngine::GetSegmentBuffers(const std::s
 
 void TransferEngine::InvalidateSegment(const std::string& name) { impl_->Forget(name); }
 
+Status TransferEngine::DefineSegment(const std::string& raw_name, const std::string& descriptor_json) {
+  std::string name = raw_name;
+  while (!name.empty() && name.front() == '/') name.erase(0, 1);
+  if (name.empty()) return InvalidArgument("empty segment name");
+  if (name == impl_->segment_name_) return InvalidArgument("'" + name + "' is this engine's own segment");
+  auto desc = impl_->ParseDescriptor(name, descriptor_json);
+  if (!desc.ok()) return desc.status();
+  desc->defined_locally = true;
+  auto shared = std::make_shared<const SegmentDescriptor>(std::move(desc.value()));
+  {
+    std::lock_guard lock(impl_->seg_mu_);
+    impl_->defined_[name] = std::move(shared);
+  }
+  impl_->Forget(name);  // connections and open files of an earlier definition or a fetched descriptor
+  return Status::Ok();
+}
+
+Status TransferEngine::UndefineSegment(const std::string& raw_name) {
+  std::string name = raw_name;
+  while (!name.empty() && name.front() == '/') name.erase(0, 1);
+  {
+    std::lock_guard lock(impl_->seg_mu_);
+    if (impl_->defined_.erase(name) == 0) return Status(ErrorCode::kNotFound, "segment '" + name + "' is not defined");
+  }
+  impl_->Forget(name);
+  return Status::Ok();
+}
+
 StatusOr<BatchId> TransferEngine::AllocateBatch(size_t capacity) {
   if (capacity == 0) return InvalidArgument("batch capacity must be positive");
   if (capacity > (1u << 24)) return InvalidArgument("batch capacity " + std::to_string(capacity) + " is too large");
@@ -278,6 +306,7 @@ Status TransferEngine::Probe(const std::string& segment, std::chrono::millisecon
 std::string TransferEngine::StatsJson() const {
   nlohmann::json j = nlohmann::json::object();
   impl_->transports_.AddStats(j);
+  j["latency"] = impl_->latency_.ToJson();
   auto n = impl_->notifications_.counters();
   j["notifications"] = {{"queued", n.queued},   {"queued_bytes", n.queued_bytes},
                         {"dropped", n.dropped}, {"dropped_bytes", n.dropped_bytes},

@@ -84,6 +84,10 @@ class TransferEngine::Impl : public TransportHost {
     std::shared_ptr<const ProcessWatch> owner;  // null: another host, or this process
   };
   std::unordered_map<std::string, CachedSegment> cache_;
+  std::unordered_map<std::string, std::shared_ptr<const SegmentDescriptor>> defined_;  // DefineSegment
+
+  // Latency of completed tasks per (transport chosen at submit, target segment), in StatsJson()["latency"].
+  LatencyStats latency_;
 
   // Batches.
   mutable std::mutex batch_mu_;
@@ -103,6 +107,9 @@ class TransferEngine::Impl : public TransportHost {
   /// returned: the cached one is dropped and fetched again, and a fetched one fails with kPeerUnreachable
   /// until the name's new owner publishes itself.
   StatusOr<std::shared_ptr<const SegmentDescriptor>> Descriptor(const std::string& name, bool refresh);
+  /// Parses a descriptor; one the parser refuses is offered to the transports
+  /// (Transport::CompleteForeignDescriptor) and parsed once more if one of them completed it.
+  StatusOr<SegmentDescriptor> ParseDescriptor(const std::string& name, const std::string& text) const;
   /// Drops the cached descriptor of `name` and the transports' connections and mappings for it.
   void Forget(const std::string& name);
   StatusOr<std::string> SegmentNameOf(SegmentHandle h) const;

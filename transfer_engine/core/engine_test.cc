@@ -4,6 +4,7 @@
 #include "transfer_engine/api/engine.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cstring>
@@ -68,6 +69,14 @@ TEST_P(EngineTest, BatchOfWritesAndReadsMovesTheBytes) {
   EXPECT_EQ(dst_[5 << 20], src_[3 << 20]);
   EXPECT_EQ(a_->GetTaskStatus(*batch, 1)->state, TransferState::kCompleted);
   EXPECT_EQ(a_->GetTaskStatus(*batch, 3).status().code(), ErrorCode::kInvalidArgument);
+  // Each completed task's latency, per (transport, peer): the two that moved bytes (the empty one has no
+  // slices and is not timed).
+  auto stats = nlohmann::json::parse(a_->StatsJson());
+  uint64_t timed = 0;
+  for (const auto& [transport, peers] : stats["latency"].items()) {
+    if (peers.contains(b_->segment_name())) timed += peers[b_->segment_name()]["count"].get<uint64_t>();
+  }
+  EXPECT_EQ(timed, 2u) << stats["latency"].dump();
   EXPECT_TRUE(a_->FreeBatch(*batch).ok());
   EXPECT_EQ(a_->GetBatchStatus(*batch).status().code(), ErrorCode::kInvalidArgument);
 
@@ -93,6 +102,21 @@ TEST_P(EngineTest, SubmitIsAllOrNothing) {
   EXPECT_EQ(a_->GetBatchStatus(*batch)->state, TransferState::kWaiting);  // nothing was started
   std::vector<TransferRequest> five(5, Req(OpCode::kWrite, 0, 0, 8));
   EXPECT_EQ(a_->Submit(*batch, five).code(), ErrorCode::kTooManyRequests);
+}
+
+TEST_P(EngineTest, RequestOverAdjacentRegistrationsIsSplitAtTheirBoundary) {
+  // Two registrations back to back (the halves of one allocation): a request over both is split between them;
+  // one that runs past the second is still refused.
+  std::vector<uint8_t> pair(2 << 20, 0);
+  ASSERT_TRUE(b_->RegisterMemory(pair.data(), 1 << 20).ok());
+  ASSERT_TRUE(b_->RegisterMemory(pair.data() + (1 << 20), 1 << 20).ok());
+  TransferRequest r = Req(OpCode::kWrite, 7, 0, (1 << 20) + 4096);
+  r.target_address = reinterpret_cast<uint64_t>(pair.data()) + (1 << 20) - 4096;
+  ASSERT_TRUE(a_->TransferSync({r}, std::chrono::seconds(30)).ok());
+  EXPECT_EQ(memcmp(pair.data() + (1 << 20) - 4096, src_.data() + 7, (1 << 20) + 4096), 0);
+  TransferRequest past = Req(OpCode::kWrite, 0, 0, 8192);
+  past.target_address = reinterpret_cast<uint64_t>(pair.data()) + (2 << 20) - 4096;
+  EXPECT_EQ(a_->TransferSync({past}, std::chrono::seconds(30)).code(), ErrorCode::kAddressNotRegistered);
 }
 
 TEST_P(EngineTest, SegmentsNotificationsAndProbe) {

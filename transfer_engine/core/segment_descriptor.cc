@@ -94,4 +94,28 @@ const BufferDescriptor* SegmentDescriptor::FindBuffer(uint64_t addr, uint64_t le
   return nullptr;
 }
 
+std::vector<const BufferDescriptor*> SegmentDescriptor::FindBufferRun(uint64_t addr, uint64_t len) const {
+  std::vector<const BufferDescriptor*> run;
+  if (len == 0 || addr + len < addr) return run;
+  const uint64_t end = addr + len;
+  uint64_t at = addr;
+  while (at < end) {
+    const BufferDescriptor* next = nullptr;
+    if (run.empty()) {
+      next = FindBuffer(at, 1);
+    } else {
+      for (const auto& b : buffers) {  // the next one starts exactly where the previous one ends
+        if (b.addr == at) {
+          next = &b;
+          break;
+        }
+      }
+    }
+    if (!next || (!run.empty() && next->name != run.front()->name) || run.size() == buffers.size()) return {};
+    run.push_back(next);
+    at = next->addr + next->length;  // Parse refused buffers whose end wraps
+  }
+  return run;
+}
+
 }  // namespace mooncake::te

@@ -36,6 +36,9 @@ class SegmentDescriptor {
   std::string protocol;
   std::vector<BufferDescriptor> buffers;  ///< registration order
   nlohmann::json json;                    ///< the whole document, transport fields included
+  /// Set by the engine for a descriptor the application gave it (TransferEngine::DefineSegment), never for one
+  /// fetched from the metadata service or a peer; transports may trust what such a descriptor names.
+  bool defined_locally = false;
 
   /// Validates: an object with a non-empty name and protocol; each buffer with a name and non-zero addr and
   /// length; the engine's own fields of the right types ("corrupted segment descriptor" otherwise).
@@ -45,6 +48,10 @@ class SegmentDescriptor {
 
   /// The buffer wholly containing [addr, addr+len), or null.
   const BufferDescriptor* FindBuffer(uint64_t addr, uint64_t len) const;
+  /// The buffers that together cover [addr, addr+len) back to back (each starting where the one before ends),
+  /// in address order, all of the same location (`name`); empty when there is no such run. A range inside one
+  /// buffer gives that buffer alone.
+  std::vector<const BufferDescriptor*> FindBufferRun(uint64_t addr, uint64_t len) const;
 };
 
 }  // namespace mooncake::te

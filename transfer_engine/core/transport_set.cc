@@ -77,6 +77,7 @@ Status TransportSet::Install(const std::string& requested, const std::vector<std
 }
 
 Status TransportSet::Start(TransportContext ctx, const std::map<std::string, std::string>& options) {
+  ctx.protocol = protocol_;
   for (auto& t : transports_) {
     ctx.options = TransportOptions(t->name(), options);
     Status st = t->Start(ctx);
@@ -162,6 +163,13 @@ void TransportSet::Unregister(const MemoryRegion& region) {
 
 void TransportSet::Describe(nlohmann::json& descriptor) const {
   for (const auto& t : transports_) t->Describe(descriptor);
+}
+
+bool TransportSet::CompleteForeignDescriptor(const std::string& segment_name, nlohmann::json& descriptor) const {
+  for (const auto& t : transports_) {
+    if (t->CompleteForeignDescriptor(segment_name, descriptor)) return true;
+  }
+  return false;
 }
 
 void TransportSet::ForgetPeer(const std::string& segment_name) {

@@ -59,6 +59,8 @@ class TransportSet {
 
   void Describe(nlohmann::json& descriptor) const;
   void ForgetPeer(const std::string& segment_name);
+  /// Offers a descriptor the parser refused to each transport in turn (see Transport::CompleteForeignDescriptor).
+  bool CompleteForeignDescriptor(const std::string& segment_name, nlohmann::json& descriptor) const;
   /// Per transport: its Stats() under its name; its ListenerStats() under listeners[name] when it has one.
   void AddStats(nlohmann::json& out) const;
   /// "tcp+shm"

@@ -96,6 +96,7 @@ struct TransportContext {
   std::string host_id;        ///< LocalHostId(): equal on peers that share this kernel and namespaces
   std::string instance;       ///< this engine's random id (the descriptor's "instance")
   std::string device_filter;  ///< comma-separated NIC allow-list (device_name, else MC_TE_FILTERS; empty: all)
+  std::string protocol;       ///< the protocol the engine publishes in its descriptor (its preferred transport's)
 };
 
 /// A data path between registered memory of two engines. Implementations live in their own folder under
@@ -137,6 +138,13 @@ class Transport {
   virtual void Describe(nlohmann::json& descriptor) const = 0;
   /// Whether the segment described by `peer` is reachable through this transport.
   virtual bool CanReach(const SegmentDescriptor& peer) const = 0;
+  /// A descriptor the engine's parser refused (kMalformedJson), e.g. one a foreign tool wrote in its own shape
+  /// (Mooncake's nvmeof `register.py`: no `name`, buffers without `name`/`addr`). A transport whose protocol the
+  /// document names may fill in what is missing and return true; the engine then parses it again. The document
+  /// is untrusted: check every type, never throw. Called on the engine's caller threads, without engine locks.
+  virtual bool CompleteForeignDescriptor(const std::string& /*segment_name*/, nlohmann::json& /*descriptor*/) const {
+    return false;
+  }
 
   /// Moves the slices to/from the peer. Every slice is completed exactly once (Slice::Complete / Fail), with
   /// an error when it could not be moved; a retriable error (SliceRetry) lets the engine move it again.

@@ -218,6 +218,11 @@ void RegisterEngine(nb::module_& m) {
       .def("get_batch_transfer_status", &CompatEngine::GetBatchTransferStatus, "batch_ids"_a, release)
       .def("transfer_check_status", &CompatEngine::TransferCheckStatus, "batch_id"_a, release)
       .def("get_first_buffer_address", &CompatEngine::GetFirstBufferAddress, "segment_name"_a, release)
+      .def("define_segment", &CompatEngine::DefineSegment, "segment_name"_a, "descriptor_json"_a, release,
+           "Makes `segment_name` resolve to a descriptor this process wrote (e.g. mooncake.file_segment's), without\n"
+           "the metadata service; its paths are trusted. 0, else a negative code (-1 bad argument; malformed JSON).")
+      .def("undefine_segment", &CompatEngine::UndefineSegment, "segment_name"_a, release,
+           "Drops a define_segment definition; 0, else a negative code (not defined).")
       .def("get_local_topology", [](CompatEngine& e, std::optional<std::string> device_name) {
              return e.GetLocalTopology(device_name.value_or(""));
            }, "device_name"_a = nb::none())

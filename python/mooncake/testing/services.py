@@ -100,3 +100,52 @@ class Redis(_Service):
 
     def keys(self, prefix: str = "mooncake/") -> list[str]:
         return [k for k in self._cli("KEYS", prefix + "*").split("\n") if k]
+
+
+class EtcdCluster:
+    """A 3-member (or `n`) etcd cluster on loopback ports; ``endpoints`` is "h:p;h:p;h:p". ``kill(i)`` SIGKILLs
+    member i (the others keep quorum while a majority lives); ``close`` stops them all."""
+
+    def __init__(self, n: int = 3, timeout: float = 30.0):
+        self.dir = tempfile.mkdtemp(prefix="mc-etcd-cluster-")
+        ports = [(free_port(), free_port()) for _ in range(n)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+        self.members = []
+        self.endpoint_list = [f"127.0.0.1:{client}" for client, _ in ports]
+        self.endpoints = ";".join(self.endpoint_list)
+        for i, (client, peer) in enumerate(ports):
+            cmd = [shutil.which("etcd") or "/usr/bin/etcd", "--name", f"m{i}",
+                   "--data-dir", os.path.join(self.dir, f"m{i}"),
+                   "--listen-client-urls", f"http://127.0.0.1:{client}",
+                   "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                   "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                   "--initial-cluster", initial, "--initial-cluster-state", "new",
+                   "--initial-cluster-token", os.path.basename(self.dir),
+                   "--heartbeat-interval", "50", "--election-timeout", "500",
+                   "--log-level", "error", "--logger", "zap"]
+            self.members.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_for(self._healthy, "etcd cluster", timeout)
+
+    def _healthy(self) -> bool:
+        out = subprocess.run(["etcdctl", "--endpoints", ",".join(self.endpoint_list), "endpoint", "health"],
+                             capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
+        return out.returncode == 0
+
+    def kill(self, i: int) -> None:
+        self.members[i].kill()
+        self.members[i].wait()
+
+    def close(self) -> None:
+        for p in self.members:  # SIGKILL: the data is thrown away with the directory
+            if p.poll() is None:
+                p.kill()
+        for p in self.members:
+            p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -17,6 +17,8 @@ EfaConfig EfaConfig::From(const TransportOptions& o) {
   c.op_timeout = o.Millis("op_timeout_ms", "MC_EFA_OP_TIMEOUT_MS", c.op_timeout, 100, 3600 * 1000);
   c.cq_wait = static_cast<int>(o.Int("cq_wait", "MC_EFA_CQ_WAIT", c.cq_wait, -1, 1));
   c.idle_poll_us = static_cast<int>(o.Int("idle_poll_us", "MC_EFA_IDLE_POLL_US", c.idle_poll_us, 0, 100000));
+  c.max_mr_size = static_cast<uint64_t>(o.Int("max_mr_size", "MC_EFA_MAX_MR_SIZE", 0, 0, 1LL << 50));
+  if (c.max_mr_size != 0 && c.max_mr_size < 4096) c.max_mr_size = 4096;
   return c;
 }
 

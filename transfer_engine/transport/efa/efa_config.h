@@ -27,6 +27,10 @@ struct EfaConfig {
   /// idle_poll_us / MC_EFA_IDLE_POLL_US: when polling, the nap between polls while nothing is in flight; a
   /// target's requests wait up to this long (shm: the provider needs the target's progress)
   int idle_poll_us = 1000;
+  /// max_mr_size / MC_EFA_MAX_MR_SIZE: a region longer than this is registered in chunks of this size (one
+  /// registration per chunk and NIC); 0: one registration per region and NIC (libfabric 1.17 does not report
+  /// a provider's limit)
+  uint64_t max_mr_size = 0;
 
   static EfaConfig From(const TransportOptions& options);
 };

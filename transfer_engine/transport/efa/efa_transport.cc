@@ -1,51 +1,36 @@
 #include "transfer_engine/transport/efa/efa_transport.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <optional>
+#include <set>
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
 #include "transfer_engine/plugin/plugin.h"
+#include "transfer_engine/transport/efa/efa_internal.h"
 
 namespace mooncake::te::efa {
 
 namespace {
 
-/// A peer marked down (an operation timed out) is tried again after this long; meanwhile its slices fail at
-/// once (kOtherPath), so they go to another transport instead of waiting for the timeout again.
-constexpr std::chrono::seconds kRetryDownPeerAfter(5);
-
-/// What the transport keeps per registered region: its registration with the domain.
-struct EfaRegionState : TransportRegionState {
-  std::unique_ptr<FabricMr> mr;
-};
+/// How many bits of two IPv4 addresses agree from the top.
+int CommonPrefix(uint32_t a, uint32_t b) {
+  int n = 0;
+  for (uint32_t x = a ^ b; n < 32 && !(x & 0x80000000u); x <<= 1) ++n;
+  return n;
+}
 
 bool IsSoftwareProvider(const std::string& provider) {
   return provider.rfind("efa", 0) != 0 && provider.rfind("verbs", 0) != 0 && provider.rfind("cxi", 0) != 0;
 }
 
 bool IsSameHostProvider(const std::string& provider) { return provider.rfind("shm", 0) == 0; }
-
-std::optional<bool> JsonBool(const nlohmann::json& j, const char* key) {
-  if (!j.is_object()) return std::nullopt;
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_boolean()) return std::nullopt;
-  return it->get<bool>();
-}
-
-// The first entry of the peer's efa_devices, when it is an object with a string gid and provider.
-const nlohmann::json* FirstDevice(const SegmentDescriptor& d) {
-  auto it = d.json.find("efa_devices");
-  if (it == d.json.end() || !it->is_array() || it->empty()) return nullptr;
-  const nlohmann::json& dev = (*it)[0];
-  if (!JsonString(dev, "gid") || !JsonString(dev, "provider")) return nullptr;
-  return &dev;
-}
 
 // Whether libfabric finds an RDM endpoint with RMA for `provider`.
 Status FindProvider(const FabricApi* api, const std::string& provider) {
@@ -119,109 +104,6 @@ TransportProbe ProbeEfa() {
   return p;
 }
 
-/// A peer as this transport knows it: its address in the address vector and where its epoch is.
-struct EfaTransport::Peer {
-  std::string name;
-  std::string gid;
-  fi_addr_t addr = FI_ADDR_UNSPEC;
-  bool virt_addr = true;
-  uint64_t epoch_addr = 0;
-  uint64_t epoch_rkey = 0;
-  std::atomic<bool> down{false};
-  mutable std::mutex mu;  // guards the counters, why_down and down_until
-  std::string why_down;
-  std::chrono::steady_clock::time_point down_until{};  // when a down peer may be tried again
-  uint64_t bytes = 0, slices = 0, errors = 0, stale = 0;
-};
-
-/// The slices of one Submit to one peer.
-struct EfaTransport::Group {
-  std::shared_ptr<Peer> peer;
-  uint64_t expected_epoch = 0;
-  bool fence_writes = false;  // writes complete only after a trailing epoch read (no delivery-complete)
-  struct Item {
-    Slice* slice;
-    std::unique_ptr<FabricOp> op;
-    RegionPin local_pin;
-  };
-  std::vector<Item> items;
-  std::atomic<size_t> remaining{0};
-  std::mutex mu;  // guards held
-  std::vector<std::pair<Slice*, Status>> held;  // finished writes waiting for the fence
-};
-
-/// The registration epoch (remotely readable, 8 bytes) and a pool of registered 8-byte slots that epoch
-/// reads land in. Thread-safe.
-class EfaTransport::EpochArea {
- public:
-  static StatusOr<std::unique_ptr<EpochArea>> Create(const std::shared_ptr<FabricDomain>& d) {
-    std::unique_ptr<EpochArea> a(new EpochArea(d));
-    a->value_ = static_cast<std::atomic<uint64_t>*>(aligned_alloc(4096, 4096));
-    if (!a->value_) return Status(ErrorCode::kMemory, "cannot allocate the epoch page");
-    memset(static_cast<void*>(a->value_), 0, 4096);
-    new (a->value_) std::atomic<uint64_t>(0);
-    auto mr = d->Register(a->value_, 4096, FabricDomain::RemoteAccess::kRead);
-    if (!mr.ok()) return mr.status();
-    a->mr_ = std::move(mr.value());
-    return a;
-  }
-  ~EpochArea() {
-    mr_.reset();
-    chunks_.clear();
-    free(value_);
-  }
-  uint64_t value() const { return value_->load(std::memory_order_acquire); }
-  void Advance() { value_->fetch_add(1, std::memory_order_acq_rel); }
-  uint64_t addr() const { return reinterpret_cast<uint64_t>(value_); }
-  uint64_t key() const { return mr_->key(); }
-
-  struct SlotRef {
-    uint64_t* ptr = nullptr;
-    void* desc = nullptr;
-  };
-  StatusOr<SlotRef> Take() {
-    std::lock_guard lock(mu_);
-    if (free_.empty()) {
-      Chunk c;
-      c.mem.reset(static_cast<uint64_t*>(aligned_alloc(4096, kChunkSlots * 8)));
-      if (!c.mem) return Status(ErrorCode::kMemory, "cannot allocate epoch read slots");
-      auto mr = domain_->Register(c.mem.get(), kChunkSlots * 8, FabricDomain::RemoteAccess::kNone);
-      if (!mr.ok()) return mr.status();
-      c.mr = std::move(mr.value());
-      for (size_t i = 0; i < kChunkSlots; ++i) free_.push_back({c.mem.get() + i, c.mr->desc()});
-      chunks_.push_back(std::move(c));
-    }
-    SlotRef s = free_.back();
-    free_.pop_back();
-    return s;
-  }
-  void Give(SlotRef s) {
-    std::lock_guard lock(mu_);
-    free_.push_back(s);
-  }
-
- private:
-  static constexpr size_t kChunkSlots = 512;
-  struct Chunk {
-    struct Free {
-      void operator()(uint64_t* p) const { free(p); }
-    };
-    std::unique_ptr<uint64_t, Free> mem;
-    std::unique_ptr<FabricMr> mr;  // declared after mem: closed first
-    Chunk() = default;
-    Chunk(Chunk&&) = default;
-    ~Chunk() { mr.reset(); }
-  };
-  explicit EpochArea(std::shared_ptr<FabricDomain> d) : domain_(std::move(d)) {}
-
-  std::shared_ptr<FabricDomain> domain_;
-  std::atomic<uint64_t>* value_ = nullptr;
-  std::unique_ptr<FabricMr> mr_;
-  std::mutex mu_;
-  std::vector<Chunk> chunks_;
-  std::vector<SlotRef> free_;
-};
-
 EfaTransport::EfaTransport() {
   cfg_.provider = ProviderFromEnv();
   software_provider_ = cfg_.provider.empty() ? false : IsSoftwareProvider(cfg_.provider);
@@ -249,6 +131,8 @@ Status EfaTransport::Configure(const TransportOptions& options) {
 
 Status EfaTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
+  mooncake_names_ = ctx.protocol == "efa";
+  retry_count_ = ctx.config ? ctx.config->retry_count : 9;
   auto api = LoadFabricApi();
   if (!api.ok()) return api.status();
   api_ = *api;
@@ -262,51 +146,94 @@ Status EfaTransport::Start(const TransportContext& ctx) {
   o.op_timeout = cfg_.op_timeout;
   o.cq_wait = cfg_.cq_wait;
   o.idle_poll_us = cfg_.idle_poll_us;
-  auto domain = FabricDomain::Open(api_, o);
-  if (!domain.ok()) return domain.status();
-  domain_ = std::move(domain.value());
-  const DomainInfo& info = domain_->info();
-  software_provider_ = IsSoftwareProvider(info.provider);
-  same_host_only_ = IsSameHostProvider(info.provider);
-  slice_size_ = cfg_.slice_size;
-  if (info.max_msg_size > 0 && slice_size_ > info.max_msg_size / 5 * 4) slice_size_ = info.max_msg_size / 5 * 4;
-  domain_->set_on_timeout([this](fi_addr_t a) { OnTimeout(a); });
-  auto epoch = EpochArea::Create(domain_);
+  auto domains = FabricDomain::OpenAll(api_, o);
+  if (!domains.ok()) return domains.status();
+  auto epoch = EpochPage::Create();
   if (!epoch.ok()) return epoch.status();
   epoch_ = std::move(epoch.value());
+  slice_size_ = cfg_.slice_size;
+  std::string names;
+  for (auto& d : *domains) {
+    auto rail = std::make_unique<Rail>();
+    rail->domain = d;
+    auto mr = d->Register(epoch_->page(), EpochPage::kPageSize, FabricDomain::RemoteAccess::kRead);
+    if (!mr.ok()) return Status(mr.status().code(), "efa: registering the epoch page: " + mr.status().message());
+    rail->epoch_mr = std::move(mr.value());
+    rail->slots = std::make_unique<EpochSlots>(d);
+    const DomainInfo& info = d->info();
+    if (info.max_msg_size > 0 && slice_size_ > info.max_msg_size / 5 * 4) slice_size_ = info.max_msg_size / 5 * 4;
+    names += (names.empty() ? "" : ", ") + info.domain;
+    rails_.push_back(std::move(rail));
+  }
+  const DomainInfo& first = rails_.front()->domain->info();
+  software_provider_ = IsSoftwareProvider(first.provider);
+  same_host_only_ = IsSameHostProvider(first.provider);
+  MC_LOG(kInfo) << "efa: " << rails_.size() << " NIC(s) over " << first.provider << ": " << names;
   return Status::Ok();
 }
 
 void EfaTransport::Stop() {
-  if (domain_) domain_->Stop();
+  stopping_.store(true);
+  for (auto& r : rails_) r->domain->Stop();
   std::lock_guard lock(mu_);
   peers_.clear();
 }
 
-DomainInfo EfaTransport::domain_info() const { return domain_ ? domain_->info() : DomainInfo{}; }
+std::vector<DomainInfo> EfaTransport::domains() const {
+  std::vector<DomainInfo> out;
+  for (const auto& r : rails_) out.push_back(r->domain->info());
+  return out;
+}
+
+DomainInfo EfaTransport::domain_info() const { return rails_.empty() ? DomainInfo{} : rails_[0]->domain->info(); }
 
 StatusOr<RegionRegistration> EfaTransport::RegisterRegion(const MemoryRegion& region) {
   RegionRegistration r;
   if (region.kind.type != MemoryType::kHost) {
     r.declined = true;
-    r.why_declined = "the efa transport registers host memory only";
+    if (!region.kind.is_device()) {
+      r.why_declined = "efa registers host memory only (not " + region.kind.ToString() + ")";
+      return r;
+    }
+    std::string without;
+    for (const auto& rail : rails_) {
+      if (!rail->domain->info().hmem) without += (without.empty() ? "" : ", ") + rail->domain->info().domain;
+    }
+    const std::string provider = rails_.empty() ? cfg_.provider : rails_[0]->domain->info().provider;
+    r.why_declined = !without.empty()
+                         ? "efa: device memory (" + region.kind.ToString() + ") needs FI_HMEM, which provider '" +
+                               provider + "' does not offer on " + without
+                         : "efa: device memory (" + region.kind.ToString() + "): provider '" + provider +
+                               "' offers FI_HMEM, but this transport registers host memory only "
+                               "(fi_mr_regattr with a device interface is not implemented)";
+    MC_LOG(kInfo) << r.why_declined;
     return r;
   }
-  if (!domain_) return Status(ErrorCode::kContext, "the efa transport is not started");
+  if (rails_.empty()) return Status(ErrorCode::kContext, "the efa transport is not started");
+  auto state = std::make_shared<EfaRegionState>();
+  state->chunk = cfg_.max_mr_size != 0 && cfg_.max_mr_size < region.length ? cfg_.max_mr_size : region.length;
+  const uint64_t chunks = region.length / state->chunk + (region.length % state->chunk != 0);
   // A region not registered for remote access gets a key peers cannot use (keys of tcp and shm are small
   // counters a peer could guess).
-  auto mr = domain_->Register(reinterpret_cast<void*>(region.start), region.length,
-                              region.remote_accessible ? FabricDomain::RemoteAccess::kReadWrite
-                                                       : FabricDomain::RemoteAccess::kNone);
-  if (!mr.ok()) {
-    return Status(mr.status().code(), "efa: registering " + Range(region.start, region.length) + ": " +
-                                          mr.status().message());
+  const auto access = region.remote_accessible ? FabricDomain::RemoteAccess::kReadWrite
+                                               : FabricDomain::RemoteAccess::kNone;
+  std::vector<std::vector<uint64_t>> keys;
+  for (const auto& rail : rails_) {
+    state->mrs.emplace_back();
+    keys.emplace_back();
+    for (uint64_t c = 0; c < chunks; ++c) {
+      const uint64_t at = c * state->chunk;
+      const uint64_t len = std::min<uint64_t>(state->chunk, region.length - at);
+      auto mr = rail->domain->Register(reinterpret_cast<void*>(region.start + at), len, access);
+      if (!mr.ok()) {
+        return Status(mr.status().code(), "efa: registering " + Range(region.start + at, len) + " with " +
+                                              rail->domain->info().domain + ": " + mr.status().message());
+      }
+      keys.back().push_back(mr.value()->key());
+      state->mrs.back().push_back(std::move(mr.value()));
+    }
   }
-  auto state = std::make_shared<EfaRegionState>();
-  const uint64_t key = mr.value()->key();
-  state->mr = std::move(mr.value());
-  if (region.remote_accessible) r.descriptor_fields["efa_rkey"] = nlohmann::json::array({key});
-  r.descriptor_fields["efa_lkey"] = nlohmann::json::array({key});
+  r.descriptor_fields = BufferFields(mooncake_names_, state->chunk, keys, region.remote_accessible);
   r.state = std::move(state);
   return r;
 }
@@ -316,63 +243,102 @@ void EfaTransport::WithdrawRegion(const MemoryRegion&) {
 }
 
 void EfaTransport::Describe(nlohmann::json& d) const {
-  if (!domain_ || !epoch_) return;
-  const DomainInfo& info = domain_->info();
-  d["efa_devices"] = nlohmann::json::array(
-      {{{"name", info.domain}, {"lid", 0}, {"gid", info.address}, {"provider", info.provider}}});
-  d["efa_virt_addr"] = info.virt_addr;
-  d["efa_epoch"] = epoch_->value();
-  d["efa_epoch_addr"] = epoch_->addr();
-  d["efa_epoch_rkey"] = epoch_->key();
+  if (rails_.empty() || !epoch_) return;
+  std::vector<FabricDevice> devices;
+  std::vector<uint64_t> epoch_keys;
+  for (const auto& r : rails_) {
+    const DomainInfo& info = r->domain->info();
+    devices.push_back({info.domain, info.address, info.provider});
+    epoch_keys.push_back(r->epoch_mr->key());
+  }
+  WriteFabric(d, mooncake_names_, devices, rails_[0]->domain->info().virt_addr, epoch_->value(), epoch_->addr(),
+              epoch_keys);
 }
 
 bool EfaTransport::CanReach(const SegmentDescriptor& peer) const {
-  if (!domain_) return false;
-  const nlohmann::json* dev = FirstDevice(peer);
-  if (!dev || *JsonString(*dev, "provider") != domain_->info().provider) return false;
-  if (!JsonUint(peer.json, "efa_epoch") || !JsonUint(peer.json, "efa_epoch_addr") ||
-      !JsonUint(peer.json, "efa_epoch_rkey") || !JsonBool(peer.json, "efa_virt_addr")) {
-    return false;
-  }
+  if (rails_.empty()) return false;
+  auto fabric = ReadPeerFabric(peer);
+  if (!fabric.ok()) return false;
+  const std::string& provider = rails_[0]->domain->info().provider;
+  bool any = false;
+  for (const auto& dev : fabric->devices) any = any || dev.provider == provider;
+  if (!any) return false;
   if (same_host_only_ && (ctx_.host_id.empty() || peer.json.value("host_id", "") != ctx_.host_id)) return false;
   return true;
 }
 
 std::shared_ptr<EfaTransport::Peer> EfaTransport::PeerFor(const SegmentDescriptor& desc, Status* error) {
-  const nlohmann::json* dev = FirstDevice(desc);
-  auto epoch_addr = JsonUint(desc.json, "efa_epoch_addr");
-  auto epoch_rkey = JsonUint(desc.json, "efa_epoch_rkey");
-  auto virt = JsonBool(desc.json, "efa_virt_addr");
-  if (!dev || !epoch_addr || !epoch_rkey || !virt) {
-    *error = Status(ErrorCode::kMalformedJson, "segment '" + desc.name + "' has no usable efa fields");
+  auto fabric = ReadPeerFabric(desc);
+  if (!fabric.ok()) {
+    *error = fabric.status();
     return nullptr;
   }
-  const std::string gid = *JsonString(*dev, "gid");
+  std::string gids;
+  for (const auto& dev : fabric->devices) gids += dev.gid + ",";
   const std::string key = JsonString(desc.json, "instance").value_or(desc.name);
   std::lock_guard lock(mu_);
   auto it = peers_.find(key);
-  if (it != peers_.end() && it->second->gid == gid) {
-    Peer& old = *it->second;
-    if (!old.down.load()) return it->second;
-    std::lock_guard plock(old.mu);
-    if (std::chrono::steady_clock::now() < old.down_until) return it->second;
-    // Down long enough: try again with a fresh address-vector entry (its old one was removed).
-    MC_LOG(kInfo) << "efa: trying peer '" << desc.name << "' again";
-  }
-  auto addr = domain_->Insert(gid);
-  if (!addr.ok()) {
-    *error = Status(addr.status().code(), "segment '" + desc.name + "': " + addr.status().message());
-    return nullptr;
-  }
+  if (it != peers_.end() && it->second->gids == gids) return it->second;
   auto p = std::make_shared<Peer>();
   p->name = desc.name;
-  p->gid = gid;
-  p->addr = *addr;
-  p->virt_addr = *virt;
-  p->epoch_addr = *epoch_addr;
-  p->epoch_rkey = *epoch_rkey;
+  p->gids = gids;
+  p->fabric = std::move(fabric.value());
+  p->host_id = JsonString(desc.json, "host_id").value_or("");
+  // host_id is "<boot id>/<network namespace>/<pid namespace>": a peer of the same network stack may be
+  // reached over loopback addresses; another host's loopback addresses would reach this one.
+  auto network = [](const std::string& id) { return id.substr(0, id.rfind('/')); };
+  const bool same_network = !ctx_.host_id.empty() && network(p->host_id) == network(ctx_.host_id);
+  // Pair each local NIC with a peer NIC of the same provider: the longest common IPv4 prefix (the same
+  // subnet), else the one at the same index.
+  std::set<uint32_t> local_ips;
+  for (const auto& rail : rails_) {
+    in_addr a{};
+    const std::string& ip = rail->domain->info().source_ip;
+    if (!ip.empty() && inet_pton(AF_INET, ip.c_str(), &a) == 1) local_ips.insert(ntohl(a.s_addr));
+  }
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    const DomainInfo& info = rails_[r]->domain->info();
+    std::optional<uint32_t> mine;
+    if (in_addr a{}; !info.source_ip.empty() && inet_pton(AF_INET, info.source_ip.c_str(), &a) == 1) {
+      mine = ntohl(a.s_addr);
+    }
+    int best = -1, best_score = -1;
+    const size_t n = p->fabric.devices.size();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t d = (r + k) % n;  // index order starting at the same index: ties go to it
+      const FabricDevice& dev = p->fabric.devices[d];
+      if (dev.provider != info.provider || (!same_network && GidIsLoopback(dev.gid))) continue;
+      auto theirs = GidIpv4(dev.gid);
+      // An address of another network stack that is also one of ours (e.g. docker0's 172.17.0.1 on every
+      // host) would reach this host, not the peer.
+      if (!same_network && theirs && local_ips.count(*theirs) != 0) continue;
+      const int score = mine && theirs ? CommonPrefix(*mine, *theirs) : 0;
+      if (score > best_score) {
+        best = static_cast<int>(d);
+        best_score = score;
+      }
+    }
+    if (best < 0) continue;
+    auto addr = rails_[r]->domain->Insert(p->fabric.devices[best].gid);
+    if (!addr.ok()) {
+      *error = Status(addr.status().code(), "segment '" + desc.name + "': " + addr.status().message());
+      continue;
+    }
+    Path path;
+    path.rail = static_cast<int>(r);
+    path.device = static_cast<size_t>(best);
+    path.addr = *addr;
+    path.in_av = true;
+    p->paths.push_back(std::move(path));
+  }
+  if (p->paths.empty()) {
+    if (error->ok()) {
+      *error = Status(ErrorCode::kPeerUnreachable,
+                      "segment '" + desc.name + "': none of its efa NICs pairs with a local one");
+    }
+    return nullptr;
+  }
   if (it != peers_.end()) {
-    if (!it->second->down.load()) domain_->Remove(it->second->addr);
     std::lock_guard plock(it->second->mu);  // the counters carry over
     p->bytes = it->second->bytes;
     p->slices = it->second->slices;
@@ -383,196 +349,56 @@ std::shared_ptr<EfaTransport::Peer> EfaTransport::PeerFor(const SegmentDescripto
   return p;
 }
 
-void EfaTransport::OnTimeout(fi_addr_t addr) {
-  std::lock_guard lock(mu_);
-  for (auto& [key, p] : peers_) {
-    if (p->addr != addr || p->down.exchange(true)) continue;
-    {
-      std::lock_guard plock(p->mu);
-      p->why_down = "an operation timed out";
-      p->down_until = std::chrono::steady_clock::now() + kRetryDownPeerAfter;
-    }
-    MC_LOG(kWarning) << "efa: peer '" << p->name << "' marked down: an operation did not complete in "
-                     << cfg_.op_timeout.count() << " ms";
-    domain_->Remove(addr);
-  }
-}
-
-namespace {
-
-// Reports a slice's outcome and counts it for the peer. Errors may be retried on another path.
-template <typename PeerT>
-void Finish(PeerT& peer, Slice* s, const Status& st) {
-  {
-    std::lock_guard lock(peer.mu);
-    if (st.ok()) {
-      peer.bytes += s->length;
-      peer.slices++;
-    } else {
-      peer.errors++;
-    }
-  }
-  if (st.ok()) {
-    s->Complete(st);
-  } else if (st.code() == ErrorCode::kStaleMetadata) {
-    s->Fail(st, SliceRetry::kRefreshPeer);
-  } else {
-    s->Fail(st, SliceRetry::kOtherPath);
-  }
-}
-
-}  // namespace
-
-void EfaTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
-  if (slices.empty()) return;
-  Status error;
-  std::shared_ptr<Peer> peer = domain_ ? PeerFor(desc, &error) : nullptr;
-  if (!domain_) error = Status(ErrorCode::kContext, "the efa transport is not started");
-  if (!peer || peer->down.load()) {
-    if (peer) {
-      std::lock_guard lock(peer->mu);
-      error = Status(ErrorCode::kPeerUnreachable, "efa peer '" + desc.name + "' is down: " + peer->why_down);
-    }
-    for (Slice* s : slices) s->Fail(error, SliceRetry::kOtherPath);
-    return;
-  }
-  auto g = std::make_shared<Group>();
-  g->peer = peer;
-  g->expected_epoch = JsonUint(desc.json, "efa_epoch").value_or(0);
-  g->fence_writes = !domain_->info().delivery_complete;
-  for (Slice* s : slices) {
-    const BufferDescriptor* buf = desc.FindBuffer(s->remote, s->length);
-    if (!buf) {
-      Finish(*peer, s, Status(ErrorCode::kAddressNotRegistered,
-                              "range " + Range(s->remote, s->length) + " is not inside a buffer of '" + desc.name + "'"));
-      continue;
-    }
-    std::optional<uint64_t> rkey;
-    if (auto k = buf->json.find("efa_rkey"); k != buf->json.end() && k->is_array() && !k->empty() &&
-                                              (*k)[0].is_number_unsigned()) {
-      rkey = (*k)[0].get<uint64_t>();
-    }
-    if (!rkey) {
-      Finish(*peer, s, Status(ErrorCode::kRemoteRejected, "buffer " + Range(buf->addr, buf->length) + " of '" +
-                                                              desc.name + "' is not registered with efa"));
-      continue;
-    }
-    RegionPin pin = ctx_.memory->Find(reinterpret_cast<uint64_t>(s->local), s->length, /*remote=*/false);
-    const MemoryRegion::TransportEntry* entry = pin ? pin->transport("efa") : nullptr;
-    auto* state = entry && entry->state ? static_cast<EfaRegionState*>(entry->state.get()) : nullptr;
-    if (!state || !state->mr) {
-      Finish(*peer, s, Status(ErrorCode::kAddressNotRegistered,
-                              "local range " + Range(reinterpret_cast<uint64_t>(s->local), s->length) +
-                                  " is not registered with efa"));
-      continue;
-    }
-    auto op = std::make_unique<FabricOp>();
-    op->kind = s->opcode == OpCode::kWrite ? FabricOp::Kind::kWrite : FabricOp::Kind::kRead;
-    op->local = s->local;
-    op->length = s->length;
-    op->local_desc = state->mr->desc();
-    op->dest = peer->addr;
-    op->remote_addr = peer->virt_addr ? s->remote : s->remote - buf->addr;
-    op->remote_key = *rkey;
-    g->items.push_back({s, std::move(op), std::move(pin)});
-  }
-  if (g->items.empty()) return;
-  StartGroup(g);
-}
-
-void EfaTransport::ReadEpoch(const std::shared_ptr<Group>& g, std::function<void(const Status&, uint64_t)> then) {
-  auto slot = epoch_->Take();
-  if (!slot.ok()) {
-    then(slot.status(), 0);
-    return;
-  }
-  auto op = std::make_unique<FabricOp>();
-  op->kind = FabricOp::Kind::kRead;
-  op->local = slot->ptr;
-  op->length = sizeof(uint64_t);
-  op->local_desc = slot->desc;
-  op->dest = g->peer->addr;
-  op->remote_addr = g->peer->virt_addr ? g->peer->epoch_addr : 0;
-  op->remote_key = g->peer->epoch_rkey;
-  EpochArea* area = epoch_.get();
-  EpochArea::SlotRef ref = *slot;
-  op->done = [area, ref, then = std::move(then)](const Status& st) {
-    uint64_t value = *reinterpret_cast<volatile uint64_t*>(ref.ptr);
-    area->Give(ref);
-    then(st, value);
-  };
-  domain_->Post(std::move(op));
-}
-
-void EfaTransport::StartGroup(const std::shared_ptr<Group>& g) {
-  // Nothing is posted until the peer's epoch says its descriptor is current.
-  ReadEpoch(g, [this, g](const Status& st, uint64_t value) {
-    Status error = st;
-    if (st.ok() && value != g->expected_epoch) {
-      std::lock_guard lock(g->peer->mu);
-      g->peer->stale++;
-      error = Status(ErrorCode::kStaleMetadata, "'" + g->peer->name +
-                                                    "' withdrew memory since its descriptor was fetched (epoch " +
-                                                    std::to_string(value) + ", descriptor " +
-                                                    std::to_string(g->expected_epoch) + ")");
-    }
-    if (!error.ok()) {
-      for (auto& item : g->items) Finish(*g->peer, item.slice, error);
-      g->items.clear();
-      return;
-    }
-    PostData(g);
-  });
-}
-
-void EfaTransport::PostData(const std::shared_ptr<Group>& g) {
-  g->remaining.store(g->items.size());
-  std::vector<std::unique_ptr<FabricOp>> ops;
-  for (auto& item : g->items) {
-    Slice* s = item.slice;
-    const bool hold = g->fence_writes && s->opcode == OpCode::kWrite;
-    item.op->done = [this, g, s, hold, pin = item.local_pin](const Status& st) {
-      if (hold) {
-        std::lock_guard lock(g->mu);
-        g->held.emplace_back(s, st);
+int EfaTransport::ChoosePath(Peer& peer, bool revive) {
+  std::lock_guard lock(peer.mu);
+  const auto now = std::chrono::steady_clock::now();
+  int best = -1;
+  for (size_t i = 0; i < peer.paths.size(); ++i) {
+    Path& p = peer.paths[i];
+    if (revive && p.down && now >= p.down_until) {
+      // Down long enough: try again, with a fresh address-vector entry.
+      Rail& rail = *rails_[p.rail];
+      if (p.in_av) rail.domain->Remove(p.addr);
+      p.in_av = false;
+      auto addr = rail.domain->Insert(peer.fabric.devices[p.device].gid);
+      if (addr.ok()) {
+        p.addr = *addr;
+        p.in_av = true;
+        p.down = false;
+        MC_LOG(kInfo) << "efa: trying " << rail.domain->info().domain << " -> "
+                      << peer.fabric.devices[p.device].name << " of '" << peer.name << "' again";
       } else {
-        Finish(*g->peer, s, st);
+        p.down_until = now + kRetryDownPeerAfter;
       }
-      OneDone(g);
-    };
-    ops.push_back(std::move(item.op));
+    }
+    if (p.down) continue;
+    if (best < 0 || p.in_flight < peer.paths[best].in_flight) best = static_cast<int>(i);
   }
-  for (auto& op : ops) domain_->Post(std::move(op));
+  return best;
 }
 
-void EfaTransport::OneDone(const std::shared_ptr<Group>& g) {
-  if (g->remaining.fetch_sub(1) != 1) return;
-  std::vector<std::pair<Slice*, Status>> held;
-  {
-    std::lock_guard lock(g->mu);
-    held.swap(g->held);
+void EfaTransport::PathFailed(Peer& peer, int path, const Status& why) {
+  std::lock_guard lock(peer.mu);
+  Path& p = peer.paths[path];
+  p.errors++;
+  if (p.down) return;
+  p.down = true;
+  p.why_down = why.message();
+  p.down_until = std::chrono::steady_clock::now() + kRetryDownPeerAfter;
+  Rail& rail = *rails_[p.rail];
+  MC_LOG(kWarning) << "efa: path " << rail.domain->info().domain << " -> " << peer.fabric.devices[p.device].name
+                   << " of '" << peer.name << "' down for " << kRetryDownPeerAfter.count() << " s: " << why.message();
+  if (why.code() == ErrorCode::kTimeout && p.in_av) {
+    // A peer that does not answer: later operations to this address fail at once instead of queueing.
+    rail.domain->Remove(p.addr);
+    p.in_av = false;
   }
-  if (held.empty()) return;
-  bool any_ok = false;
-  for (const auto& [s, st] : held) any_ok = any_ok || st.ok();
-  if (!any_ok) {
-    for (const auto& [s, st] : held) Finish(*g->peer, s, st);
-    return;
-  }
-  // A read on the same connection is answered after the writes before it were applied.
-  ReadEpoch(g, [g, held = std::move(held)](const Status& fence, uint64_t) {
-    for (const auto& [s, st] : held) {
-      Finish(*g->peer, s, !st.ok() ? st : fence.ok() ? st
-                                                     : Status(fence.code(), "efa write not confirmed: " + fence.message()));
-    }
-  });
 }
 
 void EfaTransport::ForgetPeer(const std::string& segment_name) {
   std::lock_guard lock(mu_);
   for (auto it = peers_.begin(); it != peers_.end();) {
-    // The address stays in the address vector: operations of groups still running may use it, and a
-    // re-insert of the same address yields it again.
+    // The addresses stay in the address vectors: operations still running may use them.
     if (it->second->name == segment_name) {
       it = peers_.erase(it);
     } else {
@@ -586,11 +412,20 @@ nlohmann::json EfaTransport::Stats() const {
   std::lock_guard lock(mu_);
   for (const auto& [key, p] : peers_) {
     std::lock_guard plock(p->mu);
-    out[p->name] = {{"bytes", p->bytes},
-                    {"slices", p->slices},
-                    {"errors", p->errors},
-                    {"stale_epoch", p->stale},
-                    {"state", p->down ? "down: " + p->why_down : "up"}};
+    nlohmann::json paths = nlohmann::json::array();
+    std::string state;
+    for (const auto& path : p->paths) {
+      if (!path.down) state = "up";
+      paths.push_back({{"local", rails_[path.rail]->domain->info().domain},
+                       {"remote", p->fabric.devices[path.device].name},
+                       {"state", path.down ? "down: " + path.why_down : "up"},
+                       {"bytes", path.bytes},
+                       {"slices", path.slices},
+                       {"errors", path.errors}});
+    }
+    if (state.empty()) state = "down: " + (p->paths.empty() ? std::string("no path") : p->paths[0].why_down);
+    out[p->name] = {{"bytes", p->bytes},     {"slices", p->slices}, {"errors", p->errors},
+                    {"stale_epoch", p->stale}, {"state", state},      {"paths", std::move(paths)}};
   }
   return out;
 }

@@ -2,6 +2,7 @@
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_EFA_EFA_TRANSPORT_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "transfer_engine/transport/efa/efa_config.h"
+#include "transfer_engine/transport/efa/efa_descriptor.h"
+#include "transfer_engine/transport/efa/efa_epoch.h"
 #include "transfer_engine/transport/efa/fabric_api.h"
 #include "transfer_engine/transport/efa/fabric_domain.h"
 #include "transfer_engine/transport/transport.h"
@@ -16,27 +19,28 @@
 namespace mooncake::te::efa {
 
 /// RMA over libfabric (any provider with FI_EP_RDM and FI_RMA: efa on AWS, verbs;ofi_rxm, and the software
-/// providers tcp;ofi_rxm and shm). libfabric is dlopen'ed (fabric_api.h); one domain with one RDM endpoint,
-/// address vector and completion queue (fabric_domain.h).
+/// providers tcp;ofi_rxm and shm). libfabric is dlopen'ed (fabric_api.h).
 ///
-/// Peers: the descriptor's `efa_devices[0].gid` is the hex of the peer's endpoint address, inserted into the
-/// address vector on first use. Memory: every host registration is registered with the domain (a unique
-/// requested key where the provider does not assign keys); its 64-bit key is published as `efa_rkey[0]`.
-/// Remote addresses are virtual addresses or offsets into the registration, as the target's `efa_virt_addr`
-/// says.
+/// NICs: one domain (RDM endpoint, address vector, completion queue, progress thread) per NIC the device
+/// filter allows (fabric_domain.h, FabricDomain::OpenAll). Each local NIC is paired with one NIC of a peer
+/// (the same IPv4 subnet where addresses are IP, else by index): a path. A submission's slices are spread
+/// over the peer's paths that are up, each to the one with the fewest bytes in flight. A path whose operation
+/// fails or times out is down for 5 s (then tried again); its slices move to another path, each at most
+/// MC_RETRY_CNT times (Slice::attempts); with no path left they fail with SliceRetry::kOtherPath (another
+/// transport may reach the peer).
+///
+/// Memory: every host registration is registered with every domain, in chunks of at most
+/// `efa.max_mr_size`; a slice that crosses a chunk (local or remote) is posted as several operations.
+/// Device memory is declined with the reason (FI_HMEM). Descriptor fields: efa_descriptor.h.
 ///
 /// Trust: providers do not protect memory (a wrong key on tcp kills the connection without an error; shm
 /// writes past the end of a region), so nothing is posted outside what the peer's descriptor lists, and each
-/// submission first reads the peer's registration epoch (a remotely readable counter, `efa_epoch_*`): when it
-/// moved on since the descriptor was fetched (memory was withdrawn), the slices fail with kStaleMetadata and
-/// kRefreshPeer, before any byte is moved. Where the provider's write completion does not mean delivery
-/// (tcp;ofi_rxm), a write batch ends with another epoch read on the same connection, so a write completes
-/// only once its data is at the target.
+/// submission first reads the peer's registration epoch: when it moved on since the descriptor was fetched
+/// (memory was withdrawn), the slices fail with kStaleMetadata and kRefreshPeer before any byte moves. Where
+/// a write's completion does not mean delivery, each path's writes end with another epoch read on that path.
+/// A peer that publishes no epoch (a Mooncake engine) gets neither check.
 ///
-/// Errors complete slices with SliceRetry::kOtherPath (another transport may reach the peer); an operation
-/// not completed in `op_timeout` fails and the peer is marked down: its slices fail at once for 5 s, then
-/// it is tried again.
-/// Threading: Submit from any thread; completions on the domain's progress thread.
+/// Threading: Submit from any thread; completions on the domains' progress threads.
 class EfaTransport : public Transport {
  public:
   EfaTransport();
@@ -47,7 +51,7 @@ class EfaTransport : public Transport {
   Status Configure(const TransportOptions& options) override;
   Status Start(const TransportContext& ctx) override;
   void Stop() override;
-  /// Host memory: registered with the domain. Device memory is declined.
+  /// Host memory: registered with every domain. Other kinds are declined with the reason.
   StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
   /// Moves the registration epoch on (peers see it before their next submission).
   void WithdrawRegion(const MemoryRegion& region) override;
@@ -56,35 +60,53 @@ class EfaTransport : public Transport {
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
   size_t slice_size() const override { return slice_size_; }
+  /// Per peer: bytes, slices, errors, stale_epoch, state, and `paths` (local and remote NIC, state, bytes).
   nlohmann::json Stats() const override;
 
-  /// The provider and domain in use (for logs and tests): empty before Start.
+  /// The domains (NICs) in use, in rail order (for logs and tests): empty before Start.
+  std::vector<DomainInfo> domains() const;
+  /// The first domain's (empty before Start).
   DomainInfo domain_info() const;
 
  private:
+  struct Rail;
+  struct Path;
   struct Peer;
+  struct Item;
+  struct Run;
   struct Group;
-  class EpochArea;
 
   std::shared_ptr<Peer> PeerFor(const SegmentDescriptor& desc, Status* error);
-  void StartGroup(const std::shared_ptr<Group>& g);
-  void PostData(const std::shared_ptr<Group>& g);
-  void OneDone(const std::shared_ptr<Group>& g);
-  void EndGroup(const std::shared_ptr<Group>& g);
-  void Fence(const std::shared_ptr<Group>& g);
-  void ReadEpoch(const std::shared_ptr<Group>& g, std::function<void(const Status&, uint64_t)> then);
-  void OnTimeout(fi_addr_t addr);
+  /// The up path of `peer` with the fewest bytes in flight, or -1. `revive`: down paths due again are tried
+  /// again first (new submissions; a slice moving after a failure takes only paths that are up, so a dead
+  /// peer's slices do not wander over its paths as each one is revived).
+  int ChoosePath(Peer& peer, bool revive);
+  void PathFailed(Peer& peer, int path, const Status& why);
+  /// Checks the epoch on some path, then spreads the items over the paths.
+  void Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std::vector<Item>> items, uint64_t expected,
+             bool revive);
+  void Distribute(const std::shared_ptr<Peer>& peer, std::vector<Item> items, bool revive);
+  void PostGroup(const std::shared_ptr<Group>& g);
+  void RunDone(const std::shared_ptr<Group>& g, const std::shared_ptr<Run>& run);
+  void GroupItemDone(const std::shared_ptr<Group>& g);
+  /// Moves a failed item to another path, or completes it with `why`.
+  void Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why);
+  void ReadEpoch(const std::shared_ptr<Peer>& peer, int path, std::function<void(const Status&, uint64_t)> then);
+  void Finish(Peer& peer, Slice* s, const Status& st);
 
   EfaConfig cfg_;
   TransportContext ctx_;
   const FabricApi* api_ = nullptr;
-  std::shared_ptr<FabricDomain> domain_;
-  std::unique_ptr<EpochArea> epoch_;
+  std::unique_ptr<EpochPage> epoch_;           // outlives the rails, which register it
+  std::vector<std::unique_ptr<Rail>> rails_;
   size_t slice_size_ = 1 << 20;
   bool software_provider_ = true;
   bool same_host_only_ = false;
+  bool mooncake_names_ = false;  // the engine publishes "efa": Mooncake's field names
+  int retry_count_ = 9;
+  std::atomic<bool> stopping_{false};  // Stop began: failed slices are not moved to another path
 
-  mutable std::mutex mu_;                             // guards peers_
+  mutable std::mutex mu_;                               // guards peers_
   std::map<std::string, std::shared_ptr<Peer>> peers_;  // by the peer's instance id
 };
 

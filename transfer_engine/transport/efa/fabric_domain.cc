@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -81,7 +82,54 @@ FabricMr::~FabricMr() {
 
 void* FabricMr::desc() const { return fi_mr_desc(mr_); }
 
+namespace {
+
+bool IsLoopback(const struct fi_info* i, const std::string& name) {
+  if (name == "lo") return true;
+  if (i->src_addr == nullptr) return false;
+  if (i->addr_format == FI_SOCKADDR_IN && i->src_addrlen >= sizeof(struct sockaddr_in)) {
+    const auto* sin = static_cast<const struct sockaddr_in*>(i->src_addr);
+    return (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (i->addr_format == FI_SOCKADDR_IN6 && i->src_addrlen >= sizeof(struct sockaddr_in6)) {
+    const auto* sin6 = static_cast<const struct sockaddr_in6*>(i->src_addr);
+    return IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
+  }
+  return false;
+}
+
+// Whether the provider also offers `domain` with FI_HMEM (device memory).
+bool OffersHmem(const FabricApi* api, uint32_t version, const struct fi_info* base) {
+  struct fi_info* hints = api->dupinfo(base);
+  if (hints == nullptr) return false;
+  hints->caps |= FI_HMEM;
+  hints->domain_attr->mr_mode |= FI_MR_HMEM;
+  free(hints->src_addr);
+  hints->src_addr = nullptr;
+  hints->src_addrlen = 0;
+  struct fi_info* list = nullptr;
+  int rc = api->getinfo(version, nullptr, nullptr, 0, hints, &list);
+  api->freeinfo(hints);
+  bool found = false;
+  for (struct fi_info* i = list; rc == 0 && i != nullptr && !found; i = i->next) {
+    found = (i->caps & FI_HMEM) != 0;
+  }
+  if (list) api->freeinfo(list);
+  return found;
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<FabricDomain>> FabricDomain::Open(const FabricApi* api, const Options& options) {
+  Options one = options;
+  one.max_domains = 1;
+  auto all = OpenAll(api, one);
+  if (!all.ok()) return all.status();
+  return all->front();
+}
+
+StatusOr<std::vector<std::shared_ptr<FabricDomain>>> FabricDomain::OpenAll(const FabricApi* api,
+                                                                          const Options& options) {
   struct fi_info* hints = api->dupinfo(nullptr);
   if (hints == nullptr) return Status(ErrorCode::kMemory, "fi_allocinfo failed");
   hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
@@ -109,32 +157,68 @@ StatusOr<std::shared_ptr<FabricDomain>> FabricDomain::Open(const FabricApi* api,
                   "libfabric has no RDM endpoint with RMA for provider '" + options.provider + "' (" +
                       api->Error("fi_getinfo", rc) + ")");
   }
-  struct fi_info* chosen = nullptr;
+  // One entry per domain name, IPv4 preferred (tcp lists an interface once per address family).
+  std::vector<std::pair<std::string, struct fi_info*>> domains;
   std::string seen;
   for (struct fi_info* i = list; i != nullptr; i = i->next) {
     std::string name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "";
-    seen += (seen.empty() ? "" : ", ") + name;
-    if (!options.domain_filter.empty() && !InList(options.domain_filter, name)) continue;
-    if (chosen == nullptr) chosen = i;
-    if (!options.prefer_ip.empty() && SourceIp(i) == options.prefer_ip) {
-      chosen = i;
-      break;
+    auto it = std::find_if(domains.begin(), domains.end(), [&](const auto& d) { return d.first == name; });
+    if (it == domains.end()) {
+      seen += (seen.empty() ? "" : ", ") + name;
+      domains.emplace_back(name, i);
+    } else if (it->second->addr_format != FI_SOCKADDR_IN && i->addr_format == FI_SOCKADDR_IN) {
+      it->second = i;
     }
   }
-  if (chosen == nullptr) {
+  std::vector<struct fi_info*> chosen;
+  if (!options.domain_filter.empty()) {
+    for (const auto& [name, i] : domains) {
+      if (InList(options.domain_filter, name)) chosen.push_back(i);
+    }
+  } else {
+    struct fi_info* preferred = nullptr;
+    for (const auto& [name, i] : domains) {
+      if (!options.prefer_ip.empty() && SourceIp(i) == options.prefer_ip) preferred = i;
+    }
+    if (preferred) chosen.push_back(preferred);
+    const bool loopback_only = preferred && IsLoopback(preferred, preferred->domain_attr->name);
+    for (const auto& [name, i] : domains) {
+      if (!loopback_only && i != preferred && !IsLoopback(i, name)) chosen.push_back(i);
+    }
+    if (chosen.empty() && !domains.empty()) chosen.push_back(domains.front().second);
+  }
+  if (chosen.empty()) {
     api->freeinfo(list);
     return Status(ErrorCode::kDeviceNotFound, "no libfabric domain of provider '" + options.provider +
                                                   "' matches the device filter '" + options.domain_filter +
                                                   "' (domains: " + seen + ")");
   }
-  struct fi_info* info = api->dupinfo(chosen);
+  if (options.max_domains > 0 && chosen.size() > static_cast<size_t>(options.max_domains)) {
+    chosen.resize(options.max_domains);
+  }
+  std::vector<std::shared_ptr<FabricDomain>> out;
+  for (struct fi_info* c : chosen) {
+    const bool hmem = OffersHmem(api, version, c);
+    const bool loopback = IsLoopback(c, c->domain_attr->name ? c->domain_attr->name : "");
+    struct fi_info* info = api->dupinfo(c);
+    if (info == nullptr) {
+      api->freeinfo(list);
+      return Status(ErrorCode::kMemory, "fi_dupinfo failed");
+    }
+    std::shared_ptr<FabricDomain> d(new FabricDomain(api, options));
+    d->info_.delivery_complete = delivery_complete;
+    d->info_.hmem = hmem;
+    d->info_.loopback = loopback;
+    d->info_.source_ip = SourceIp(c);
+    Status st = d->Init(info);
+    if (!st.ok()) {
+      api->freeinfo(list);
+      return st;
+    }
+    out.push_back(std::move(d));
+  }
   api->freeinfo(list);
-  if (info == nullptr) return Status(ErrorCode::kMemory, "fi_dupinfo failed");
-  std::shared_ptr<FabricDomain> d(new FabricDomain(api, options));
-  d->info_.delivery_complete = delivery_complete;
-  Status st = d->Init(info);
-  if (!st.ok()) return st;
-  return d;
+  return out;
 }
 
 Status FabricDomain::Init(struct fi_info* info) {
@@ -243,14 +327,30 @@ StatusOr<fi_addr_t> FabricDomain::Insert(const std::string& hex_address) {
     return Status(ErrorCode::kMalformedJson, "malformed fabric address '" + hex_address.substr(0, 64) + "'");
   }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  std::lock_guard lock(post_mu_);  // nothing is posted to an index while it changes hands
   int rc = fi_av_insert(av_, bytes.data(), 1, &addr, 0, nullptr);
   if (rc != 1 || addr == FI_ADDR_NOTAVAIL) {
     return Status(ErrorCode::kEndpoint, api_->Error("fi_av_insert", rc < 0 ? rc : -FI_EINVAL));
   }
+  removed_.erase(addr);
   return addr;
 }
 
-void FabricDomain::Remove(fi_addr_t addr) { fi_av_remove(av_, &addr, 1, 0); }
+void FabricDomain::Remove(fi_addr_t addr) {
+  std::lock_guard lock(post_mu_);
+  if (!removed_.insert(addr).second) return;
+  fi_av_remove(av_, &addr, 1, 0);
+  // Queued operations to it fail on the progress thread (the caller may hold its own locks).
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if ((*it)->dest == addr) {
+      dropped_.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!dropped_.empty()) Wake();
+}
 
 void FabricDomain::Wake() {
   if (cq_ && info_.cq_wait) fi_cq_signal(cq_);
@@ -270,8 +370,10 @@ void FabricDomain::Post(std::unique_ptr<FabricOp> op) {
   op->slot.op = op.get();
   op->deadline = Clock::now() + options_.op_timeout;
   std::vector<std::unique_ptr<FabricOp>> failed;
+  bool stopping = false;
   {
     std::lock_guard lock(post_mu_);
+    stopping = stopping_;
     if (stopping_) {
       failed.push_back(std::move(op));
     } else {
@@ -283,13 +385,21 @@ void FabricDomain::Post(std::unique_ptr<FabricOp> op) {
       if (was_idle || !queue_.empty()) Wake();
     }
   }
-  FinishAll(std::move(failed), Status(ErrorCode::kSocket, "the efa transport is shutting down"));
+  FinishAll(std::move(failed), stopping ? Status(ErrorCode::kSocket, "the efa transport is shutting down")
+                                        : Status(ErrorCode::kSocket, "efa: posting failed (the peer's address was "
+                                                                     "removed, or see the log)"));
 }
 
 std::vector<std::unique_ptr<FabricOp>> FabricDomain::PostQueuedLocked() {
   std::vector<std::unique_ptr<FabricOp>> failed;
   while (!queue_.empty() && posted_.load(std::memory_order_relaxed) < static_cast<size_t>(options_.max_outstanding)) {
     FabricOp* op = queue_.front().get();
+    if (removed_.count(op->dest) != 0) {
+      // Posting to a removed address is undefined in providers (tcp;ofi_rxm crashed): the op fails instead.
+      failed.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      continue;
+    }
     ssize_t rc = op->kind == FabricOp::Kind::kWrite
                      ? fi_write(ep_, op->local, op->length, op->local_desc, op->dest, op->remote_addr,
                                 op->remote_key, &op->slot.context)
@@ -360,10 +470,13 @@ void FabricDomain::Progress() {
   int nap_us = 0;
   while (!stop_thread_.load(std::memory_order_acquire)) {
     bool busy;
+    std::vector<std::unique_ptr<FabricOp>> dropped;
     {
       std::lock_guard lock(post_mu_);
+      dropped.swap(dropped_);
       busy = !live_.empty() || !queue_.empty() || !abandoned_.empty();
     }
+    FinishAll(std::move(dropped), Status(ErrorCode::kPeerUnreachable, "efa: the peer's address was removed"));
     ssize_t n;
     if (info_.cq_wait) {
       // Idle: sleep until a completion or a signal; busy: wake at least every 100 ms for the deadlines.
@@ -450,6 +563,8 @@ void FabricDomain::Stop(std::chrono::milliseconds drain) {
     stopping_ = true;
     for (auto& op : queue_) queued.push_back(std::move(op));
     queue_.clear();
+    for (auto& op : dropped_) queued.push_back(std::move(op));
+    dropped_.clear();
   }
   FinishAll(std::move(queued), Status(ErrorCode::kSocket, "the efa transport is shutting down"));
   auto until = Clock::now() + drain;

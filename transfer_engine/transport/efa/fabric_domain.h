@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "transfer_engine/api/status.h"
@@ -74,6 +75,9 @@ struct DomainInfo {
   bool delivery_complete = false;  ///< a write completes once the data is at the target
   size_t max_msg_size = 0;
   size_t tx_size = 0;
+  std::string source_ip;  ///< the endpoint's IPv4 source address, where the provider's addresses are IPv4
+  bool hmem = false;      ///< the provider accepts FI_HMEM (device memory) for this domain
+  bool loopback = false;  ///< a loopback interface (reaches this host only)
   bool cq_wait = false;  ///< the progress thread sleeps in fi_cq_sread (else it polls with short naps)
 };
 
@@ -98,9 +102,17 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
     /// Sleep in fi_cq_sread: 1 yes, 0 no (poll), -1 where the provider's wait is known to cover peers' traffic.
     int cq_wait = -1;
     int idle_poll_us = 1000;  ///< polling: the longest nap while nothing is in flight
+    int max_domains = 0;      ///< OpenAll opens at most this many (0: no limit)
   };
-  /// Opens the first domain of `provider` that fits; kNotImplemented with libfabric's answer otherwise.
+  /// Opens the first domain of `provider` that OpenAll would open; kNotImplemented with libfabric's answer
+  /// when the provider has none, kDeviceNotFound when the filter matches none.
   static StatusOr<std::shared_ptr<FabricDomain>> Open(const FabricApi* api, const Options& options);
+  /// Opens every domain (NIC) of `provider` to use, one per domain name (IPv4 where a name has several
+  /// entries), in libfabric's order: those `domain_filter` names; without a filter, the one whose source
+  /// address is `prefer_ip` first, then every other non-loopback domain (only that one when `prefer_ip` is a
+  /// loopback address; the first domain when all are loopback). Errors as Open; a domain that fails to open
+  /// fails the call.
+  static StatusOr<std::vector<std::shared_ptr<FabricDomain>>> OpenAll(const FabricApi* api, const Options& options);
   ~FabricDomain();
 
   const DomainInfo& info() const { return info_; }
@@ -113,7 +125,9 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
 
   /// Inserts a peer's endpoint address (hex of its fi_getname) into the address vector.
   StatusOr<fi_addr_t> Insert(const std::string& hex_address);
-  /// Removes it again (in-flight operations to it fail or are dropped by the provider).
+  /// Removes it again: queued operations to it fail (their `done` runs on the progress thread, never inside
+  /// this call, so callers may hold their own locks), later ones too (until Insert hands the index out again);
+  /// posted ones fail or are dropped by the provider. Idempotent.
   void Remove(fi_addr_t addr);
 
   /// Takes `op` and posts it (now, or once an operation slot frees). After Stop, `done` runs at once with an
@@ -152,9 +166,11 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   struct fid_ep* ep_ = nullptr;
   std::atomic<uint64_t> next_key_{1};
 
-  std::mutex post_mu_;  // guards queue_, live_, stopping_; held while posting
+  std::mutex post_mu_;  // guards queue_, live_, removed_, stopping_; held while posting and changing the AV
   std::deque<std::unique_ptr<FabricOp>> queue_;
   std::unordered_map<FabricOp*, std::unique_ptr<FabricOp>> live_;  // with the provider
+  std::unordered_set<fi_addr_t> removed_;  // addresses removed and not handed out again
+  std::vector<std::unique_ptr<FabricOp>> dropped_;  // queued to a removed address: failed by the progress thread
   // Timed out (their `done` has run) but still with the provider: freed when it reports them, or at Stop.
   std::unordered_map<FabricOp*, std::unique_ptr<FabricOp>> abandoned_;
   std::chrono::steady_clock::time_point next_deadline_check_{};

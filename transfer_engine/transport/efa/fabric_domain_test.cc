@@ -169,6 +169,30 @@ TEST_F(FabricDomainTest, OperationsToAPeerThatIsGoneEndInBoundedTime) {
   EXPECT_EQ(w.failed(), 8);
 }
 
+TEST_F(FabricDomainTest, RemovedAddressesFailTheirQueuedAndLaterOperations) {
+  auto a = Open(/*max_outstanding=*/1, /*timeout_ms=*/20000);
+  std::string gone;
+  {
+    auto b = Open();
+    ASSERT_TRUE(a && b);
+    gone = b->info().address;
+  }
+  std::vector<char> buf(4096);
+  auto mr = a->Register(buf.data(), buf.size(), FabricDomain::RemoteAccess::kNone);
+  ASSERT_TRUE(mr.ok());
+  auto peer = a->Insert(gone);
+  ASSERT_TRUE(peer.ok());
+  Waiter w;
+  auto start = Clock::now();
+  for (int i = 0; i < 6; ++i) a->Post(Op(FabricOp::Kind::kWrite, buf.data(), buf.size(), *peer, 0, 1, w));
+  a->Remove(*peer);
+  a->Remove(*peer);  // idempotent
+  a->Post(Op(FabricOp::Kind::kWrite, buf.data(), buf.size(), *peer, 0, 1, w));  // refused, not posted
+  ASSERT_TRUE(w.Wait(std::chrono::seconds(15))) << "operations to a removed address did not end";
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << "they waited for their timeout";
+  EXPECT_EQ(w.failed(), 7);
+}
+
 TEST_F(FabricDomainTest, StopCompletesEverythingOnceAndRefusesLaterWork) {
   auto a = Open();
   ASSERT_TRUE(a);

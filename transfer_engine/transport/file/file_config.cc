@@ -16,6 +16,8 @@ FileConfig FileConfig::From(const TransportOptions& options) {
     if (!d.empty()) c.allowed_dirs.push_back(d);
   }
   c.local_name = options.String("local_name", "MC_FILE_LOCAL_NAME");
+  std::string lib = options.String("cufile_lib", "MC_CUFILE_LIB");
+  if (!lib.empty()) c.cufile_lib = lib;
   return c;
 }
 

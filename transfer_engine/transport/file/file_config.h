@@ -21,6 +21,8 @@ struct FileConfig {
   /// local_name / MC_FILE_LOCAL_NAME: the key this host is known by in local_path_map (tried first; then the
   /// engine's segment name, its host part and the host name).
   std::string local_name;
+  /// cufile_lib / MC_CUFILE_LIB: the cuFile library for GPU memory (GDS), a soname or a path.
+  std::string cufile_lib = "libcufile.so.0";
 
   static FileConfig From(const TransportOptions& options);
 };

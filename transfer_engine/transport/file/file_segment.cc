@@ -59,6 +59,14 @@ StatusOr<FileBuffer> ParseFileBuffer(const BufferDescriptor& b) {
     f.file_offset = *off;
   }
   if (f.file_offset + f.length < f.file_offset) return bad("offset + length wraps");
+  if (b.json.is_object() && b.json.contains("direct")) {
+    if (!b.json["direct"].is_boolean()) return bad("direct is not a boolean");
+    f.direct = b.json["direct"].get<bool>();
+  }
+  if (b.json.is_object() && b.json.contains("read_only")) {
+    if (!b.json["read_only"].is_boolean()) return bad("read_only is not a boolean");
+    f.read_only = b.json["read_only"].get<bool>();
+  }
   if (b.json.is_object() && b.json.contains("local_path_map")) {
     const auto& m = b.json["local_path_map"];
     if (!m.is_object()) return bad("local_path_map is not an object");

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ struct FileBuffer {
   std::string file_path;
   uint64_t file_offset = 0;  ///< the file offset of the buffer's first byte (`offset`, default 0)
   std::map<std::string, std::string> local_path_map;
+  /// `direct` (not Mooncake's): open this file with O_DIRECT or not, whatever file.direct says; a reader's
+  /// choice for its own definitions (e.g. the store reads recently written files through the page cache).
+  std::optional<bool> direct;
+  /// `read_only` (not Mooncake's): open the file read-only; writes to it are refused.
+  bool read_only = false;
 };
 
 /// Mooncake's nvmeof descriptor (`protocol: "nvmeof"`, `buffers: [{file_path, length, local_path_map}]`) plus the

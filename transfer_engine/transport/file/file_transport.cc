@@ -33,18 +33,16 @@ TransportProbe ProbeFileTransport() {
   return TransportProbe{false, "io_uring unavailable: " + st.message()};
 }
 
-std::string ProbeGds(PlatformRegistry* platforms) {
+std::string ProbeGds(PlatformRegistry* platforms, const std::string& library, std::unique_ptr<Gds>* opened) {
   auto cuda = platforms ? platforms->ForType(MemoryType::kCuda) : nullptr;
   if (!cuda) {
     return "unusable: no usable CUDA platform (GPU memory is declined; host memory uses io_uring)";
   }
-  void* h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* e = dlerror();
-    return std::string("unusable: ") + (e ? e : "libcufile.so.0 does not load");
-  }
-  dlclose(h);
-  return "unusable: libcufile.so.0 loads, but this transport does not drive cuFile (GPU memory is declined)";
+  auto gds = Gds::Open(library);
+  if (!gds.ok()) return "unusable: " + gds.status().message() + " (GPU memory is declined)";
+  std::string usable = "usable: " + (*gds)->description() + " on the " + cuda->name() + " platform";
+  if (opened) *opened = std::move(gds.value());
+  return usable;
 }
 
 FileTransport::FileTransport() = default;
@@ -56,6 +54,7 @@ TransportCapabilities FileTransport::capabilities() const {
   c.remote_hosts = true;  // wherever the segment's files are visible
   c.same_host = true;
   c.memory = {{MemoryType::kHost, MemoryType::kFile}};
+  if (gds_engine_) c.memory.push_back({MemoryType::kCuda, MemoryType::kFile});  // set once, at Start
   c.addressing = AddressMode::kOffset;
   return c;
 }
@@ -81,7 +80,9 @@ Status FileTransport::Start(const TransportContext& ctx) {
   }
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) == 0 && host[0]) local_names_.push_back(host);
-  gds_ = ProbeGds(ctx.platforms);
+  gds_ = ProbeGds(ctx.platforms, config_.cufile_lib, &gds_engine_);
+  if (gds_engine_) gds_worker_ = std::make_unique<WorkQueue>(kGdsThreads);
+  MC_LOG(kInfo) << "file transport: GPU memory (GDS) " << gds_;
   queue_ = std::make_unique<IoQueue>(config_.queue_depth);
   MC_RETURN_IF_ERROR(queue_->Init());
   running_ = true;
@@ -94,18 +95,72 @@ void FileTransport::Stop() {
   running_ = false;  // later slices fail at once; the callers' pooled rings live until destruction
   if (queue_) queue_->Stop();
   if (worker_.joinable()) worker_.join();
+  if (gds_worker_) gds_worker_->Stop();  // runs what was posted (each fails fast once running_ is false)
+  std::lock_guard lock(mu_);
+  files_.clear();  // nothing uses them now; their cuFile handles go before the driver closes (~Gds)
 }
 
 StatusOr<RegionRegistration> FileTransport::RegisterRegion(const MemoryRegion& region) {
   RegionRegistration r;
-  if (region.kind.type != MemoryType::kHost) {
+  if (region.kind.type == MemoryType::kCuda && gds_engine_) {
+    void* ptr = reinterpret_cast<void*>(region.start);
+    Status st = gds_engine_->RegisterBuffer(ptr, region.length);  // a speed-up only: transfers work without it
+    if (st.ok()) {
+      std::lock_guard lock(mu_);
+      gds_buffers_[region.start] = region.length;
+    } else {
+      MC_LOG(kInfo) << "file transport: " << st.message() << " (transfers of this region still use cuFile)";
+    }
+  } else if (region.kind.type != MemoryType::kHost) {
     r.declined = true;
-    r.why_declined = "the file transport moves host memory only (GDS " + gds_ + ")";
+    r.why_declined = "the file transport moves host memory and, with GDS, CUDA memory (GDS " + gds_ + ")";
   }
   return r;
 }
 
+std::pair<void*, size_t> FileTransport::GdsBase(void* ptr) const {
+  const auto p = reinterpret_cast<uint64_t>(ptr);
+  std::lock_guard lock(mu_);
+  auto it = gds_buffers_.upper_bound(p);
+  if (it != gds_buffers_.begin()) {
+    --it;
+    if (p < it->first + it->second) return {reinterpret_cast<void*>(it->first), static_cast<size_t>(p - it->first)};
+  }
+  return {ptr, 0};
+}
+
+void FileTransport::UnregisterRegion(const MemoryRegion& region) {
+  {
+    std::lock_guard lock(mu_);
+    if (gds_buffers_.erase(region.start) == 0) return;
+  }
+  gds_engine_->DeregisterBuffer(reinterpret_cast<void*>(region.start));
+}
+
 void FileTransport::Describe(nlohmann::json& /*descriptor*/) const {}
+
+bool FileTransport::CompleteForeignDescriptor(const std::string& segment_name, nlohmann::json& d) const {
+  auto protocol = JsonString(d, "protocol");
+  if (!protocol || (*protocol != "nvmeof" && *protocol != "file")) return false;
+  auto buffers = d.find("buffers");
+  if (buffers == d.end() || !buffers->is_array() || buffers->empty()) return false;
+  uint64_t next = kFileSegmentBase;
+  for (auto& b : *buffers) {
+    if (!b.is_object() || !JsonString(b, "file_path")) return false;
+    auto length = JsonUint(b, "length");
+    if (!length || *length == 0 || next + *length < next) return false;
+    if (!b.contains("name")) b["name"] = kFileLocation;
+    if (!b.contains("addr")) b["addr"] = next;
+    auto addr = JsonUint(b, "addr");
+    if (!addr || *addr + *length < *addr) return false;
+    next = *addr + *length;
+  }
+  if (!d.contains("name")) {
+    auto server = JsonString(d, "server_name");
+    d["name"] = server && !server->empty() ? *server : segment_name;
+  }
+  return true;
+}
 
 Status FileTransport::CheckAllowed(const std::string& path) const {
   // Paths come from descriptors other engines published: none is opened unless a directory was allowed.
@@ -129,7 +184,10 @@ bool FileTransport::CanReach(const SegmentDescriptor& peer) const {
     auto fb = ParseFileBuffer(b);
     if (!fb.ok()) continue;
     std::string path = LocalPath(*fb, local_names_);
-    if (IsOpen(path) || (access(path.c_str(), F_OK) == 0 && CheckAllowed(path).ok())) return true;
+    if (IsOpen(CacheKey(peer, path, *fb)) ||
+        (access(path.c_str(), F_OK) == 0 && (peer.defined_locally || CheckAllowed(path).ok()))) {
+      return true;
+    }
   }
   return false;
 }
@@ -144,42 +202,56 @@ FileTransport::SegmentCounters* FileTransport::CountersFor(const std::string& se
   return c.get();
 }
 
-StatusOr<std::shared_ptr<OpenFile>> FileTransport::OpenCached(const std::string& path, const std::string& segment) {
+FileTransport::FileKey FileTransport::CacheKey(const SegmentDescriptor& peer, const std::string& path,
+                                               const FileBuffer& b) {
+  int how = (peer.defined_locally ? 1 : 0) | (b.read_only ? 2 : 0) | (b.direct ? (*b.direct ? 4 : 8) : 0);
+  return FileKey{peer.name, path, how};
+}
+
+StatusOr<std::shared_ptr<OpenFile>> FileTransport::OpenCached(const std::string& path, const SegmentDescriptor& peer,
+                                                               const FileBuffer& b) {
+  // Keyed by how the file is opened too: a file a trusted definition opened is never handed to a descriptor
+  // another engine wrote (which must pass CheckAllowed), nor a read-only open to a writer.
+  const FileKey key = CacheKey(peer, path, b);
   {
     std::lock_guard lock(mu_);
-    auto it = files_.find(path);
-    if (it != files_.end()) return it->second.file;
+    auto it = files_.find(key);
+    if (it != files_.end()) return it->second;
   }
-  MC_RETURN_IF_ERROR(CheckAllowed(path));
-  auto f = OpenFile::Open(path, config_.direct);
+  if (!peer.defined_locally) MC_RETURN_IF_ERROR(CheckAllowed(path));  // the application's own word is trusted
+  auto f = OpenFile::Open(path, b.direct.value_or(config_.direct), b.read_only);
   if (!f.ok()) return f.status();
   std::lock_guard lock(mu_);
-  auto [it, inserted] = files_.emplace(path, CachedFile{*f, segment});
-  return it->second.file;
+  auto [it, inserted] = files_.emplace(key, *f);
+  return it->second;
 }
 
-bool FileTransport::IsOpen(const std::string& path) const {
+bool FileTransport::IsOpen(const FileKey& key) const {
   std::lock_guard lock(mu_);
-  return files_.count(path) != 0;
+  return files_.count(key) != 0;
 }
 
-void FileTransport::DropCached(const std::string& path, const OpenFile* file) {
+void FileTransport::DropCached(const OpenFile* file) {
   std::lock_guard lock(mu_);
-  auto it = files_.find(path);
-  if (it != files_.end() && it->second.file.get() == file) files_.erase(it);
+  for (auto it = files_.begin(); it != files_.end(); ++it) {
+    if (it->second.get() == file) {
+      files_.erase(it);
+      return;
+    }
+  }
 }
 
 void FileTransport::ForgetPeer(const std::string& segment_name) {
   std::lock_guard lock(mu_);
   for (auto it = files_.begin(); it != files_.end();) {
-    it = it->second.segment == segment_name ? files_.erase(it) : std::next(it);
+    it = std::get<0>(it->first) == segment_name ? files_.erase(it) : std::next(it);
   }
 }
 
 std::vector<FileIo> FileTransport::Prepare(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) {
   std::vector<FileIo> ios;
   ios.reserve(slices.size());
-  SegmentCounters* counters = CountersFor(peer.name);
+  SegmentCounters* counters = CountersFor(peer.defined_locally ? kDefinedLocally : peer.name);
   auto fail = [counters](Slice* s, const Status& st, SliceRetry retry) {
     counters->errors.fetch_add(1, std::memory_order_relaxed);
     s->Fail(st, retry);
@@ -201,7 +273,7 @@ std::vector<FileIo> FileTransport::Prepare(const SegmentDescriptor& peer, const 
       continue;
     }
     std::string path = LocalPath(*fb, local_names_);
-    auto file = OpenCached(path, peer.name);
+    auto file = OpenCached(path, peer, *fb);
     if (!file.ok()) {
       fail(s, Status(file.status().code(), "segment '" + peer.name + "': " + file.status().message()),
            RetryFor(file.status()));
@@ -214,7 +286,7 @@ std::vector<FileIo> FileTransport::Prepare(const SegmentDescriptor& peer, const 
     Status pre = write ? (*file)->Check(offset + s->length) : Status::Ok();
     if (pre.ok() && write) pre = (*file)->Reserve(fb->file_offset + fb->length);
     if (!pre.ok()) {
-      if (pre.code() == ErrorCode::kRemoteRejected) DropCached(path, file->get());
+      if (pre.code() == ErrorCode::kRemoteRejected) DropCached(file->get());
       fail(s, Status(pre.code(), "segment '" + peer.name + "': " + pre.message()), RetryFor(pre));
       continue;
     }
@@ -225,17 +297,35 @@ std::vector<FileIo> FileTransport::Prepare(const SegmentDescriptor& peer, const 
     io.offset = offset;
     io.length = s->length;
     const OpenFile* raw = file->get();
-    io.done = [this, s, counters, raw](const Status& st) {
+    const bool device = s->task && s->task->route.local_kind.type != MemoryType::kHost;
+    io.done = [this, s, counters, raw, name = peer.name](const Status& st) {
       if (st.ok()) {
         counters->bytes.fetch_add(s->length, std::memory_order_relaxed);
         counters->slices.fetch_add(1, std::memory_order_relaxed);
         s->Complete(st);
         return;
       }
-      if (st.code() == ErrorCode::kRemoteRejected) DropCached(raw->path(), raw);  // reopened next time
+      if (st.code() == ErrorCode::kRemoteRejected) DropCached(raw);  // reopened next time
       counters->errors.fetch_add(1, std::memory_order_relaxed);
-      s->Fail(Status(st.code(), "segment '" + counters->name + "': " + st.message()), RetryFor(st));
+      s->Fail(Status(st.code(), "segment '" + name + "': " + st.message()), RetryFor(st));
     };
+    if (device) {  // GPU memory: cuFile on the GDS threads (synchronous calls; never on the ring's thread)
+      if (!gds_engine_ || !gds_worker_) {
+        fail(s, Status(ErrorCode::kNotImplemented, "GPU memory needs GDS: " + gds_), SliceRetry::kOtherPath);
+        continue;
+      }
+      const uint64_t end = offset + s->length;
+      auto [base, base_offset] = GdsBase(io.buf);
+      if (!gds_worker_->Post([this, io, end, base = base, base_offset = base_offset] {
+            Status st = running_ ? gds_engine_->Transfer(*io.file, io.write, base, base_offset, io.length, io.offset)
+                                 : Status(ErrorCode::kSocket, "the file transport is stopped");
+            if (st.ok()) st = io.file->Check(end);  // removed or truncated under the transfer
+            io.done(st);
+          })) {
+        io.done(Status(ErrorCode::kSocket, "the file transport is stopped"));
+      }
+      continue;
+    }
     ios.push_back(std::move(io));
   }
   return ios;
@@ -300,6 +390,7 @@ nlohmann::json FileTransport::Stats() const {
   out["io"] = {{"ios", v[0]},           {"moved_bytes", v[1]},          {"errors", v[2]},
                {"direct_pieces", v[3]}, {"bounced_pieces", v[4]}, {"buffered_pieces", v[5]}};
   out["gds"] = gds_;
+  out["gds_buffers"] = gds_buffers_size();
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -271,20 +272,75 @@ TEST(FileTransport, UntrustedDescriptorsAreRefusedWithoutACrash) {
   EXPECT_EQ(ScratchDir::ReadFile(p), Pattern(8192, 1)) << "a corrupted descriptor led to a write";
 }
 
-TEST(FileTransport, MooncakeWrittenDescriptorIsRefusedByTheEngineParser) {
-  // Mooncake's register.py writes buffers without name and addr; this engine's descriptor parser (core) refuses
-  // them. Documented in README.md as the one interoperability gap; this test notices if the core changes.
+TEST(FileTransport, MooncakeWrittenDescriptorIsReadable) {
+  // Mooncake's register.py writes `server_name` and buffers without name and addr; the transport completes
+  // them (CompleteForeignDescriptor): its files are concatenated from kFileSegmentBase as ours are.
   ScratchDir dir("/tmp");
-  std::string p = dir.WriteFile("f", Pattern(8192, 1));
+  auto a = Pattern(8192, 1), b = Pattern(5000, 2);
+  std::string pa = dir.WriteFile("a", a), pb = dir.WriteFile("b", b);
   Rig s;
   ASSERT_TRUE(s.engine);
-  testing::MemoryMetadataPut(
-      s.store, "mooncake/nvmeof/mc",
-      R"({"server_name":"mc","protocol":"nvmeof","name":"nvmeof/mc","buffers":[{"length":8192,"file_path":")" + p +
-          R"(","local_path_map":{}}]})");
+  testing::MemoryMetadataPut(s.store, "mooncake/nvmeof/mc",
+                             R"({"server_name":"mc","protocol":"nvmeof","buffers":[{"length":8192,"file_path":")" +
+                                 pa + R"(","local_path_map":{}},{"length":5000,"file_path":")" + pb + R"("}]})");
   auto h = s.engine->OpenSegment("nvmeof/mc");
-  Status st = h.ok() ? s.Sync(OpCode::kRead, 0, *h, 0, 4096) : h.status();
-  EXPECT_EQ(st.code(), ErrorCode::kMalformedJson) << st.ToString();
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  auto buffers = s.engine->GetSegmentBuffers("nvmeof/mc");
+  ASSERT_TRUE(buffers.ok());
+  ASSERT_EQ(buffers->size(), 2u);
+  EXPECT_EQ((*buffers)[1].addr, kFileSegmentBase + 8192);
+  ASSERT_TRUE(s.Sync(OpCode::kRead, 0, *h, 8192 + 100, 4000).ok());
+  EXPECT_EQ(memcmp(s.mem.data(), b.data() + 100, 4000), 0);
+  // A request across the boundary of the two files is split there (Mooncake does the same).
+  Status across = s.Sync(OpCode::kRead, 0, *h, 8000, 1000);
+  ASSERT_TRUE(across.ok()) << across.ToString();
+  EXPECT_EQ(memcmp(s.mem.data(), a.data() + 8000, 192), 0);
+  EXPECT_EQ(memcmp(s.mem.data() + 192, b.data(), 808), 0);
+  EXPECT_FALSE(s.Sync(OpCode::kRead, 0, *h, 8000, 8192 + 5000).ok()) << "ran past the last file";
+  // What cannot be completed stays refused: no file_path, a zero or mistyped length, addresses that wrap.
+  for (const char* bad : {R"({"protocol":"nvmeof","buffers":[{"length":8192}]})",
+                          R"({"protocol":"nvmeof","buffers":[{"length":0,"file_path":"/tmp/x"}]})",
+                          R"({"protocol":"nvmeof","buffers":[{"length":"8","file_path":"/tmp/x"}]})",
+                          R"({"protocol":"nvmeof","buffers":[{"length":8,"addr":18446744073709551615,"file_path":"/x"}]})",
+                          R"({"protocol":"tcp","buffers":[{"length":8,"file_path":"/tmp/x"}]})"}) {
+    testing::MemoryMetadataPut(s.store, "mooncake/nvmeof/bad", bad);
+    s.engine->InvalidateSegment("nvmeof/bad");
+    auto hb = s.engine->OpenSegment("nvmeof/bad");
+    EXPECT_FALSE(hb.ok()) << bad;
+    if (!hb.ok()) {
+      EXPECT_EQ(hb.status().code(), ErrorCode::kMalformedJson) << bad;
+    }
+  }
+}
+
+TEST(FileTransport, DefinedSegmentsNeedNoAllowedDirectory) {
+  // A segment the application defines is its own word: its paths are opened without file.allowed_dirs, while
+  // the same descriptor from the metadata service is refused; undefining it resolves the name there again.
+  ScratchDir dir("/tmp");
+  auto a = Pattern(12288, 7);
+  std::string pa = dir.WriteFile("a", a);
+  Rig s(std::map<std::string, std::string>{{"file.allowed_dirs", "/dev/shm"}});
+  ASSERT_TRUE(s.engine);
+  auto text = BuildFileSegmentDescriptor("nvmeof/own", {{pa, 0, {}}});
+  ASSERT_TRUE(text.ok());
+  testing::MemoryMetadataPut(s.store, "mooncake/nvmeof/own", *text);
+  auto h = s.engine->OpenSegment("nvmeof/own");
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_FALSE(s.Sync(OpCode::kRead, 0, *h, 0, 4096).ok()) << "a published path outside allowed_dirs was opened";
+  ASSERT_TRUE(s.engine->DefineSegment("nvmeof/own", *text).ok());
+  Status st = s.Sync(OpCode::kRead, 0, *h, 4096, 8192);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(memcmp(s.mem.data(), a.data() + 4096, 8192), 0);
+  auto fresh = Pattern(4096, 9);
+  memcpy(s.mem.data(), fresh.data(), fresh.size());
+  ASSERT_TRUE(s.Sync(OpCode::kWrite, 0, *h, 0, 4096).ok());
+  auto written = ScratchDir::ReadFile(pa);
+  EXPECT_TRUE(std::equal(fresh.begin(), fresh.end(), written.begin()));
+  ASSERT_TRUE(s.engine->UndefineSegment("nvmeof/own").ok());
+  EXPECT_EQ(s.engine->UndefineSegment("nvmeof/own").code(), ErrorCode::kNotFound);
+  EXPECT_FALSE(s.Sync(OpCode::kRead, 0, *h, 0, 4096).ok()) << "the definition outlived UndefineSegment";
+  EXPECT_EQ(s.engine->DefineSegment("nvmeof/x", "{not json").code(), ErrorCode::kMalformedJson);
+  EXPECT_EQ(s.engine->DefineSegment("", *text).code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(FileTransport, DescriptorKeepsMooncakesFields) {

@@ -18,12 +18,13 @@ constexpr uint32_t kDefaultDioAlign = 4096;
 
 std::string ErrnoText(int e) { return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
-StatusOr<std::shared_ptr<OpenFile>> OpenFile::Open(const std::string& path, bool direct) {
+StatusOr<std::shared_ptr<OpenFile>> OpenFile::Open(const std::string& path, bool direct, bool read_only) {
   std::shared_ptr<OpenFile> f(new OpenFile());
   f->path_ = path;
-  int flags = O_RDWR | O_CLOEXEC;
+  int flags = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
   int fd = open(path.c_str(), flags);
-  if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+  f->read_only_ = read_only && fd >= 0;
+  if (!read_only && fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
     flags = O_RDONLY | O_CLOEXEC;
     fd = open(path.c_str(), flags);
     f->read_only_ = fd >= 0;
@@ -55,7 +56,17 @@ StatusOr<std::shared_ptr<OpenFile>> OpenFile::Open(const std::string& path, bool
   return f;
 }
 
+void* OpenFile::Attachment(const std::function<void*()>& make, std::function<void(void*)> release) {
+  std::lock_guard lock(attach_mu_);
+  if (!attachment_) {
+    attachment_ = make();
+    if (attachment_) release_attachment_ = std::move(release);
+  }
+  return attachment_;
+}
+
 OpenFile::~OpenFile() {
+  if (attachment_ && release_attachment_) release_attachment_(attachment_);
   if (direct_fd_ >= 0 && direct_fd_ != buffered_fd_) close(direct_fd_);
   if (buffered_fd_ >= 0) close(buffered_fd_);
 }

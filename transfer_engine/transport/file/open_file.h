@@ -2,6 +2,7 @@
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_FILE_OPEN_FILE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,9 +28,10 @@ DioAlignment QueryDioAlignment(int fd);
 /// Threading: immutable after Open except Reserve, which is internally locked.
 class OpenFile {
  public:
-  /// Opens `path` read-write (read-only when the file or its file system is), O_DIRECT when `direct` and the
-  /// file system allows it. kNotFound when the file does not exist; kInvalidArgument for other open errors.
-  static StatusOr<std::shared_ptr<OpenFile>> Open(const std::string& path, bool direct);
+  /// Opens `path` read-write (read-only when `read_only`, or when the file or its file system is), O_DIRECT when
+  /// `direct` and the file system allows it. kNotFound when the file does not exist; kInvalidArgument for other
+  /// open errors.
+  static StatusOr<std::shared_ptr<OpenFile>> Open(const std::string& path, bool direct, bool read_only = false);
   ~OpenFile();
   OpenFile(const OpenFile&) = delete;
   OpenFile& operator=(const OpenFile&) = delete;
@@ -50,6 +52,11 @@ class OpenFile {
   /// shorter than `end` (truncated).
   Status Check(uint64_t end) const;
 
+  /// One piece of state another layer keeps per open file (GDS: its cuFile handle). The first call runs `make`
+  /// (under a lock: exactly once while it succeeds; a null result is not kept and the next call tries again)
+  /// and keeps `release`, run on that state by the destructor before the descriptors close.
+  void* Attachment(const std::function<void*()>& make, std::function<void(void*)> release);
+
  private:
   OpenFile() = default;
   std::string path_;
@@ -57,6 +64,9 @@ class OpenFile {
   int buffered_fd_ = -1;
   bool read_only_ = false;
   DioAlignment align_;
+  std::mutex attach_mu_;
+  void* attachment_ = nullptr;
+  std::function<void(void*)> release_attachment_;
   std::mutex reserve_mu_;
   uint64_t reserved_ = 0;
   bool reservable_ = true;

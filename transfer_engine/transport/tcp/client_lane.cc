@@ -37,7 +37,7 @@ ClientLane::~ClientLane() {
 }
 
 void ClientLane::Settle(Outcome& out) {
-  for (auto& [slice, status] : out.done) slice->Complete(status);
+  for (auto& [slice, status] : out.done) owner_->OnSliceDone(slice, status);
   out.done.clear();
   if (!out.failed.empty()) owner_->OnLaneFailed(this, std::move(out.failed), out.why);
   out.failed.clear();
@@ -86,6 +86,7 @@ bool ClientLane::QueueLocked(const std::vector<Slice*>& slices, Outcome* out) {
   for (Slice* s : slices) {
     Pending p;
     p.slice = s;
+    p.buf = owner_->PayloadBuffer(s);
     p.seq = next_seq_++;
     p.sent = 0;
     RequestHeader h;
@@ -181,7 +182,7 @@ void ClientLane::FlushLocked(Outcome* out) {
       }
       if (p.slice->opcode == OpCode::kWrite) {
         size_t poff = off - kRequestHeaderSize;
-        if (poff < p.slice->length) iov[n++] = {p.slice->local + poff, p.slice->length - poff};
+        if (poff < p.slice->length) iov[n++] = {p.buf + poff, p.slice->length - poff};
       }
     }
     msghdr msg{};
@@ -276,7 +277,7 @@ void ClientLane::ReadLocked(Outcome* out) {
   while (fd_ >= 0) {
     if (payload_left_ > 0) {
       Slice* s = pending_.front().slice;
-      char* dst = s->local + (s->length - payload_left_);
+      char* dst = pending_.front().buf + (s->length - payload_left_);
       size_t buffered = rend_ - rstart_;
       if (buffered > 0) {
         size_t take = std::min(buffered, payload_left_);

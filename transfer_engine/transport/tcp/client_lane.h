@@ -43,6 +43,11 @@ class LaneOwner {
   /// The lane's connection failed (or could not be made); `slices` were in flight on it and are not
   /// completed: the owner retries them elsewhere or fails them.
   virtual void OnLaneFailed(ClientLane* lane, std::vector<Slice*> slices, const Status& why) = 0;
+  /// Where a slice's payload is sent from (WRITE) or received into (READ): the slice's own memory, or a staging
+  /// buffer the owner keeps alive until OnSliceDone. Asked once each time the slice is queued on a lane.
+  virtual char* PayloadBuffer(Slice* slice) { return slice->local; }
+  /// The lane is done with a slice (answered, or failed for good): the owner completes it, exactly once.
+  virtual void OnSliceDone(Slice* slice, const Status& status) { slice->Complete(status); }
 };
 
 /// One pooled connection along a path, pipelining many slices. Requests are written by whichever thread
@@ -77,6 +82,7 @@ class ClientLane : public EventHandler {
   using Completions = std::vector<std::pair<Slice*, Status>>;
   struct Pending {
     Slice* slice;
+    char* buf;  // the payload's memory (PayloadBuffer)
     uint64_t seq;
     uint8_t header[kRequestHeaderSize];
     size_t sent;  // bytes of header + payload written so far

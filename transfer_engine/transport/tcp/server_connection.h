@@ -11,6 +11,7 @@
 #include <string>
 
 #include "transfer_engine/core/memory_registry.h"
+#include "transfer_engine/transport/tcp/device_stager.h"
 #include "transfer_engine/transport/tcp/io_loop.h"
 #include "transfer_engine/transport/tcp/wire.h"
 
@@ -21,11 +22,18 @@ namespace mooncake::te::tcp {
 /// they landed, sends READ payloads straight from memory. A malformed frame closes the connection (logged);
 /// a rejected range is answered with kAddressRejected and the connection lives on.
 ///
+/// Device memory (a region whose kind is a device, registered with tcp taking part) goes through `stager`'s pinned
+/// buffers: a WRITE payload is received into one and copied to the device before it is acknowledged; a READ is
+/// copied from the device into one when its request arrives and sent once the copy finished. Copies are waited for
+/// on the stager's thread, never on the loop; answers still go out in request order (one waiting for its copy
+/// holds back those behind it), and reading stops while kMaxStagedBytes are staged.
+///
 /// Threading: used only on its loop's thread, except last_progress() (any thread). Owned by the transport;
 /// `on_close` is called (on the loop thread) once the socket is closed, after which the owner deletes it.
 class ServerConnection : public EventHandler {
  public:
-  ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* memory, uint64_t max_frame,
+  /// `stager` may be null (device memory is then refused); it outlives the connection's copies.
+  ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* memory, uint64_t max_frame, DeviceStager* stager,
                    std::function<void(ServerConnection*)> on_close);
   ~ServerConnection() override;
 
@@ -48,13 +56,35 @@ class ServerConnection : public EventHandler {
  private:
   struct Out {
     uint8_t header[kResponseHeaderSize];
+    uint64_t seq = 0;
     const char* payload = nullptr;
     size_t payload_len = 0;
+    uint64_t addr = 0;  // the registered address a READ payload comes from (payload, unless staged)
     size_t sent = 0;
     RegionPin pin;  // keeps a READ source registered until it is sent
+    bool ready = true;      // false while its device copy runs
+    uint64_t stage_id = 0;  // names a staged answer for its copy's continuation
+    size_t staged_len = 0;  // bytes of kMaxStagedBytes this answer holds until sent
+    StagingRef staging;     // a staged READ's payload
+  };
+  /// Lets a copy's continuation (another thread) find the connection later on its loop, if it still exists.
+  struct Anchor {
+    ServerConnection* conn;
   };
 
+  /// Reads and answers what can be: the body of OnEvents, also run when a staged copy finished.
+  void Pump();
+  /// Whether reading must wait for answers to go out (too many queued, or too many bytes staged).
+  bool Backlogged() const;
   bool ReadRequests();  // false when the connection was closed
+  /// The WRITE payload being received into staging is complete: copies it to the device; acknowledged after.
+  void FinishStagedWrite();
+  /// Starts a staged READ of [addr, addr+len) of `pin`'s device memory; its answer is queued, sent after the copy.
+  void StartStagedRead(uint64_t seq, uint64_t addr, size_t len, RegionPin pin);
+  /// Runs on the loop after the copy of the answer `id` finished.
+  void OnStaged(uint64_t id, const Status& st);
+  /// The continuation a copy runs on the stager's thread: posts OnStaged(id) to this connection's loop.
+  std::function<void(const Status&)> StagedDone(uint64_t id, StagingRef keep, RegionPin pin);
   /// recv() into dst: bytes read (> 0), 0 when nothing is available, -1 after closing (EOF: `eof_why`).
   ssize_t RecvSome(char* dst, size_t len, const char* eof_why);
   bool Flush();
@@ -64,7 +94,9 @@ class ServerConnection : public EventHandler {
   IoLoop* loop_;
   const MemoryRegistry* memory_;
   uint64_t max_frame_;
+  DeviceStager* stager_;
   std::function<void(ServerConnection*)> on_close_;
+  std::shared_ptr<Anchor> anchor_;
   std::string peer_;
   uint8_t rbuf_[16384];
   size_t rstart_ = 0, rend_ = 0;
@@ -72,7 +104,13 @@ class ServerConnection : public EventHandler {
   size_t write_left_ = 0;
   uint64_t write_seq_ = 0;
   char* write_dst_ = nullptr;  // null while discarding a rejected payload
+  uint64_t write_target_ = 0;  // the registered address the next payload byte is for (write_dst_, unless staged)
+  uint64_t write_addr_ = 0;    // the WRITE's start and length
+  size_t write_len_ = 0;
   RegionPin write_pin_;
+  StagingRef write_staging_;  // where a staged WRITE's payload is received
+  uint64_t next_stage_id_ = 1;
+  size_t staged_bytes_ = 0;  // bytes of staged WRITEs not yet copied and of staged READs not yet sent
   // Registry generations at which the WRITE destination / the queued READ sources were last known registered:
   // Unregister gives up waiting for pins after a timeout, so a stalled peer must not write or read them after.
   uint64_t write_generation_ = 0;

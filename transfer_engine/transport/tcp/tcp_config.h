@@ -23,6 +23,9 @@ struct TcpConfig {
   /// recv_spin_us / MC_TCP_RECV_SPIN_US: a caller receiving a large READ payload keeps its core this long
   /// between bursts before sleeping in poll (0: always sleep)
   std::chrono::microseconds recv_spin{50};
+  /// staging_cache_bytes / MC_TCP_STAGING_CACHE_BYTES: pinned host staging buffers (for device memory) kept for
+  /// reuse; buffers beyond it are freed when their slice is done
+  size_t staging_cache_bytes = 64 << 20;
   /// The engine's handshake connect timeout (MC_HANDSHAKE_CONNECT_TIMEOUT), set at Start.
   std::chrono::milliseconds connect_timeout{5000};
 

@@ -10,6 +10,7 @@ TransportUnderTest Tcp() {
   t.same_host = true;
   t.remote_hosts = true;
   t.withdrawn_memory_error = ErrorCode::kRemoteRejected;  // the target's listener refuses the range
+  t.device_memory = {MemoryType::kCuda};  // through pinned staging (the host emulation here, MC_PLATFORM_EMULATION=1)
   return t;
 }
 

@@ -47,7 +47,13 @@ TransportCapabilities TcpTransport::capabilities() const {
   TransportCapabilities c;
   c.remote_hosts = true;
   c.same_host = true;
-  c.memory = {{MemoryType::kHost, MemoryType::kHost}};
+  // Host memory directly; device memory of any kind through pinned staging (declined per region when no usable
+  // platform serves its kind).
+  const MemoryType kinds[] = {MemoryType::kHost, MemoryType::kCuda, MemoryType::kRocm, MemoryType::kNpu,
+                              MemoryType::kMusa};
+  for (MemoryType l : kinds) {
+    for (MemoryType r : kinds) c.memory.emplace_back(l, r);
+  }
   c.priority = 0;
   return c;
 }
@@ -60,6 +66,8 @@ Status TcpTransport::Configure(const TransportOptions& options) {
 Status TcpTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
   config_ = ctx.config;
+  stager_ = std::make_unique<DeviceStager>(ctx.platforms ? ctx.platforms : &PlatformRegistry::Get(),
+                                           tcp_.staging_cache_bytes);
   tcp_.connect_timeout = config_->handshake_connect_timeout;
   // Which local NICs carry data, and which addresses peers may use to reach us.
   data_ips_ = {ctx.advertised_ip};
@@ -100,6 +108,9 @@ void TcpTransport::Stop() {
   { std::lock_guard lock(probe_mu_); }  // the prober is either before its predicate check or waiting
   probe_cv_.notify_all();
   if (prober_.joinable()) prober_.join();
+  // Copies still running finish (their continuations may post to the loops, so those still run); staged slices
+  // whose copies end now find the transport stopped and complete with an error.
+  if (stager_) stager_->Stop();
   for (auto& loop : loops_) loop->Stop();
   if (listen_fd_ >= 0) {
     close(listen_fd_);
@@ -120,7 +131,7 @@ void TcpTransport::Stop() {
       std::lock_guard lock(peer->mu);
       queued.swap(peer->queue);
     }
-    for (Slice* s : queued) s->Complete(why);
+    for (Slice* s : queued) Finish(s, why);
   }
   std::lock_guard lock(conns_mu_);
   for (auto& [id, c] : conns_) delete c.conn;
@@ -212,7 +223,7 @@ void TcpTransport::OnAccept(int fd) {
       }
     }
     id = next_conn_id_++;
-    conn = new ServerConnection(fd, loop, ctx_.memory, tcp_.max_frame, [this, loop, id](ServerConnection* c) {
+    conn = new ServerConnection(fd, loop, ctx_.memory, tcp_.max_frame, stager_.get(), [this, loop, id](ServerConnection* c) {
       {
         std::lock_guard lock(conns_mu_);
         auto it = conns_.find(id);
@@ -478,7 +489,7 @@ void TcpTransport::Dispatch(Peer* peer) {
       std::lock_guard lock(peer->mu);
       queued.swap(peer->queue);
     }
-    for (Slice* s : queued) s->Complete(Status(ErrorCode::kSocket, "transfer engine is shutting down"));
+    for (Slice* s : queued) Finish(s, Status(ErrorCode::kSocket, "transfer engine is shutting down"));
     return;
   }
   bool any_up = false;
@@ -498,7 +509,7 @@ void TcpTransport::Dispatch(Peer* peer) {
   if (queued.empty()) return;
   // Every path is down: the peer may have restarted elsewhere (a fresh descriptor then differs).
   Status st(ErrorCode::kPeerUnreachable, NoPathError(*peer));
-  for (Slice* s : queued) s->Fail(st, SliceRetry::kRefreshPeer);
+  for (Slice* s : queued) FailSlice(s, st, SliceRetry::kRefreshPeer);
 }
 
 void TcpTransport::OnLaneRoom(ClientLane* lane) { Refill(lane); }
@@ -519,16 +530,16 @@ void TcpTransport::OnLaneFailed(ClientLane* lane, std::vector<Slice*> slices, co
   auto* path = static_cast<PeerPath*>(lane->path());
   Peer* peer = path->peer;
   if (stopped_.load()) {
-    for (Slice* s : slices) s->Complete(why);
+    for (Slice* s : slices) Finish(s, why);
     return;
   }
   MarkDown(path, why);
   std::vector<Slice*> retry;
   for (Slice* s : slices) {
     if (++s->attempts > static_cast<uint32_t>(config_->retry_count)) {
-      s->Fail(Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
-                                     " attempts, MC_RETRY_CNT)"),
-              SliceRetry::kOtherPath);
+      FailSlice(s, Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
+                                          " attempts, MC_RETRY_CNT)"),
+                SliceRetry::kOtherPath);
     } else {
       retry.push_back(s);
     }
@@ -563,15 +574,113 @@ void TcpTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice
     for (Slice* s : slices) s->Complete(error);
     return;
   }
+  bool any_staged = false;
+  for (Slice* s : slices) any_staged = any_staged || Staged(s);
+  if (!any_staged) {
+    {
+      std::lock_guard lock(peer->mu);
+      peer->queue.insert(peer->queue.end(), slices.begin(), slices.end());
+    }
+    Dispatch(peer);
+    return;
+  }
+  std::vector<Slice*> ready;
+  for (Slice* s : slices) {
+    if (Staged(s)) Stage(peer, s, &ready);
+    else ready.push_back(s);
+  }
+  if (ready.empty()) return;
   {
     std::lock_guard lock(peer->mu);
-    peer->queue.insert(peer->queue.end(), slices.begin(), slices.end());
+    peer->queue.insert(peer->queue.end(), ready.begin(), ready.end());
   }
   Dispatch(peer);
 }
 
+StatusOr<RegionRegistration> TcpTransport::RegisterRegion(const MemoryRegion& region) {
+  RegionRegistration r;
+  if (region.kind.type == MemoryType::kHost) return r;
+  if (!region.kind.is_device()) {
+    r.declined = true;
+    r.why_declined = "tcp moves host and device memory only (not " + region.kind.ToString() + ")";
+  } else if (!stager_ || !stager_->CanStage(region.kind)) {
+    r.declined = true;
+    r.why_declined = "no usable platform for " + region.kind.ToString() + " memory to stage it through";
+  }
+  return r;
+}
+
+void TcpTransport::Stage(Peer* peer, Slice* s, std::vector<Slice*>* ready) {
+  const MemoryKind kind = s->task->route.local_kind;
+  auto staging = stager_->Acquire(kind, s->length);
+  if (!staging.ok()) {
+    s->Complete(staging.status());
+    return;
+  }
+  StagingRef buf = *staging;
+  {
+    std::lock_guard lock(staged_mu_);
+    staged_[s] = buf;
+  }
+  if (s->opcode == OpCode::kRead) {
+    ready->push_back(s);
+    return;
+  }
+  // The source is copied into staging first; the slice joins the peer's queue when the copy is done, so the
+  // copies of later slices overlap the sending of earlier ones.
+  stager_->Copy(kind, buf->data, s->local, s->length, [this, peer, s, buf](const Status& st) {
+    if (!st.ok()) {
+      Finish(s, st);
+      return;
+    }
+    {
+      std::lock_guard lock(peer->mu);
+      peer->queue.push_back(s);
+    }
+    Dispatch(peer);
+  });
+}
+
+StagingRef TcpTransport::Unstage(Slice* s) {
+  if (!Staged(s)) return nullptr;
+  std::lock_guard lock(staged_mu_);
+  auto it = staged_.find(s);
+  if (it == staged_.end()) return nullptr;
+  StagingRef buf = std::move(it->second);
+  staged_.erase(it);
+  return buf;
+}
+
+char* TcpTransport::PayloadBuffer(Slice* s) {
+  if (!Staged(s)) return s->local;
+  std::lock_guard lock(staged_mu_);
+  auto it = staged_.find(s);
+  return it != staged_.end() ? it->second->data : s->local;
+}
+
+void TcpTransport::OnSliceDone(Slice* s, const Status& status) {
+  StagingRef buf = Unstage(s);
+  if (!buf || !status.ok() || s->opcode == OpCode::kWrite) {
+    s->Complete(status);
+    return;
+  }
+  // A READ into device memory: its payload is in staging; the slice is done once it is on the device.
+  stager_->Copy(s->task->route.local_kind, s->local, buf->data, s->length,
+                [s, buf](const Status& st) { s->Complete(st); });
+}
+
+void TcpTransport::Finish(Slice* s, const Status& st) {
+  Unstage(s);
+  s->Complete(st);
+}
+
+void TcpTransport::FailSlice(Slice* s, const Status& st, SliceRetry retry) {
+  Unstage(s);
+  s->Fail(st, retry);
+}
+
 void TcpTransport::SubmitAndDrive(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
-  if (slices.size() != 1) {
+  if (slices.size() != 1 || Staged(slices[0])) {  // staged: its copies are waited for off this thread
     Submit(desc, slices);  // spread over the paths; the I/O threads move them in parallel
     return;
   }
@@ -597,10 +706,12 @@ void TcpTransport::ForgetPeer(const std::string& segment_name) {
 size_t TcpTransport::slice_size() const { return tcp_.slice_size; }
 
 nlohmann::json TcpTransport::ListenerStats() const {
+  // "staging": the device-memory staging of both sides (copies between device and pinned host memory).
+  nlohmann::json staging = stager_ ? stager_->Stats() : nlohmann::json::object();
   std::lock_guard lock(conns_mu_);
-  return {{"port", data_port_},         {"open", conns_.size()},     {"peak", peak_conns_},
+  return {{"port", data_port_},         {"open", conns_.size()},      {"peak", peak_conns_},
           {"limit", max_server_conns_}, {"evicted", evicted_.load()}, {"stalled", stalled_.load()},
-          {"refused", refused_.load()}};
+          {"refused", refused_.load()}, {"staging", staging}};
 }
 
 nlohmann::json TcpTransport::Stats() const {

@@ -9,10 +9,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "transfer_engine/core/topology.h"
 #include "transfer_engine/transport/tcp/client_lane.h"
+#include "transfer_engine/transport/tcp/device_stager.h"
 #include "transfer_engine/transport/tcp/io_loop.h"
 #include "transfer_engine/transport/tcp/tcp_config.h"
 #include "transfer_engine/transport/tcp/server_connection.h"
@@ -41,6 +43,11 @@ namespace mooncake::te::tcp {
 ///   picks another victim, and at most limit/8 + 1 evictions are pending at once: beyond that (or with no
 ///   victim left) a new connection is closed at once ("refused"). ListenerStats() counts all three and the
 ///   most connections ever open ("peak").
+/// - Device memory (any device kind a usable platform serves; declined at registration otherwise) goes through
+///   pinned host staging buffers (device_stager.h), one per slice, so the copies of one slice overlap the network
+///   transfer of others: a local WRITE source is copied to staging before its slice is queued, a local READ
+///   destination is filled from staging after its payload arrived, and the target stages its own device memory
+///   (server_connection.h). Copies are waited for on the stager's thread, never on an I/O thread.
 class TcpTransport : public Transport, private LaneOwner {
  public:
   TcpTransport();
@@ -54,6 +61,7 @@ class TcpTransport : public Transport, private LaneOwner {
   void Stop() override;
   void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
+  StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
@@ -104,7 +112,19 @@ class TcpTransport : public Transport, private LaneOwner {
   // LaneOwner
   void OnLaneRoom(ClientLane* lane) override;
   void OnLaneFailed(ClientLane* lane, std::vector<Slice*> slices, const Status& why) override;
+  char* PayloadBuffer(Slice* slice) override;
+  void OnSliceDone(Slice* slice, const Status& status) override;
 
+  /// Whether the slice's local memory is device memory (moved through a staging buffer).
+  static bool Staged(const Slice* s) { return s->task != nullptr && s->task->route.local_kind.is_device(); }
+  /// Gives a staged slice its staging buffer; a WRITE is queued once its source was copied into it, a READ at
+  /// once (appended to `ready`). A slice that cannot be staged is completed with the error.
+  void Stage(Peer* peer, Slice* s, std::vector<Slice*>* ready);
+  /// Drops a staged slice's staging buffer (no-op for host slices); the buffer, or null.
+  StagingRef Unstage(Slice* s);
+  /// Complete / Fail for slices this transport gives up on, releasing their staging first.
+  void Finish(Slice* s, const Status& st);
+  void FailSlice(Slice* s, const Status& st, SliceRetry retry);
   /// Hands queued slices to every connection of every live path that has room; fails the queue when no
   /// path is left.
   void Dispatch(Peer* peer);
@@ -145,6 +165,10 @@ class TcpTransport : public Transport, private LaneOwner {
   std::atomic<uint64_t> evicted_{0}, stalled_{0}, refused_{0};
   std::chrono::steady_clock::time_point accept_paused_until_{};  // loop 0 only
   std::chrono::steady_clock::time_point last_accept_log_{};      // loop 0 only
+
+  std::unique_ptr<DeviceStager> stager_;
+  std::mutex staged_mu_;
+  std::unordered_map<const Slice*, StagingRef> staged_;  // staged slices between Stage and OnSliceDone
 
   std::mutex probe_mu_;
   std::condition_variable probe_cv_;

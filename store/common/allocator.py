@@ -59,6 +59,28 @@ class OffsetAllocator:
         self._bitmap = 0
         self._insert(0, self.capacity_units)
 
+    @classmethod
+    def from_used(cls, capacity: int, used, granule: int = DEFAULT_GRANULE) -> "OffsetAllocator":
+        """An allocator whose allocated blocks are exactly `used`: (offset, size) pairs sorted by offset, not
+        overlapping (a master rebuilding a segment's free space from its metadata). ValueError otherwise."""
+        a = cls(capacity, granule)
+        a._remove(0, a.capacity_units)
+        cursor = 0
+        for offset, size in used:
+            if size <= 0 or offset < 0 or offset % granule:
+                raise ValueError(f"bad used block: offset={offset} size={size}")
+            start = offset // granule
+            if start < cursor:
+                raise ValueError(f"used blocks overlap or are not sorted at offset {offset}")
+            if start > cursor:
+                a._insert(cursor, start - cursor)
+            cursor = start + -(-size // granule)
+            if cursor > a.capacity_units:
+                raise ValueError(f"used block [{offset}, {offset + size}) lies outside the segment")
+        if cursor < a.capacity_units:
+            a._insert(cursor, a.capacity_units - cursor)
+        return a
+
     # -- queries -------------------------------------------------------------------------------------------
     @property
     def capacity(self) -> int:

@@ -35,6 +35,15 @@ that restarted lately (``RESTART_WAIT_SEC``; the master holds back remounted seg
 segments.py) is resent too, until its timeout, unless some key of the batch got space.
 ``limit_timeout`` caps every later call's wait (``close``: a master that is away is not waited for).
 
+HA (``address`` = "etcd://h1:2379;h2:2379" or "redis://h:p", masters run with --enable_ha): a
+``LeaderDirectory`` follows the master view the leader publishes (polled every ``MC_STORE_HA_POLL_MS``, 100 ms;
+cluster ``MC_STORE_CLUSTER_ID``, default mooncake_cluster, the masters' --cluster_id). Every attempt goes to the
+leader known then; a call to a master that is gone or not the leader fails UNAVAILABLE at once (no waiting for
+a dead address) and follows the rules above: the new leader has another view, so the call is resent there.
+Replies carry the answering master's view number: a read (``IDEMPOTENT``) answered by a view older than the
+leader's is dropped and asked again; other replies stand (an HA master answers a change only once its op is
+in the log, which a deposed leader cannot write: such a reply reports a change the new leader has).
+
 Threading: a MasterClient may be shared by threads (gRPC channels are thread-safe); the heartbeat runs in
 its own daemon thread and stops with ``close``.
 """
@@ -42,14 +51,15 @@ its own daemon thread and stops with ``close``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
 
 import grpc
 
-from mooncake.store.master.config import GRPC_OPTIONS
-from mooncake.store.master.fast_rpc import FastRpcClient, FastRpcError
+from mooncake.store.common.protocol import GRPC_OPTIONS
+from mooncake.store.common.fast_rpc import VIEW_METADATA_KEY, FastRpcClient, FastRpcError
 from mooncake.store.proto import mooncake_master_pb2 as pb
 from mooncake.store.proto import mooncake_master_pb2_grpc as pb_grpc
 
@@ -86,11 +96,67 @@ def segment(seg_id: str, name: str, base: int, size: int, te_endpoint: str = "",
                       protocol=protocol)
 
 
+class LeaderDirectory:
+    """The current leader (address, view) of an HA master group, refreshed by a daemon thread."""
+
+    def __init__(self, url: str, cluster_id: str, poll: float = 0.1) -> None:
+        from mooncake.store.common.coordination import backend_of_url
+
+        self._store = backend_of_url(url, cluster_id)
+        self._poll = poll
+        self._cond = threading.Condition()
+        self.leader: tuple[str, int] | None = None
+        self._stop = threading.Event()
+        self._refresh()
+        self._thread = threading.Thread(target=self._loop, name="master-directory", daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        try:
+            view = self._store.read_view()
+        except OSError as e:
+            _log.debug("master view unreadable: %s", e)
+            return
+        with self._cond:
+            if view != self.leader:
+                if view is not None:
+                    _log.info("master leader: %s (view %d)", view[0], view[1])
+                self.leader = view
+                self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._poll):
+            self._refresh()
+
+    def wait_leader(self, timeout: float) -> tuple[str, int] | None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.leader is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            return self.leader
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 class MasterClient:
     def __init__(self, address: str, client_id: str | None = None, timeout: float = 30.0) -> None:
-        self.address = address
         self.client_id = client_id or uuid.uuid4().hex
         self.timeout = timeout
+        self._directory: LeaderDirectory | None = None
+        self._switch_lock = threading.Lock()
+        self._old_channels: list = []
+        self._views = threading.local()
+        self.old_view_replies = 0  # HA: reads answered by a deposed master, dropped and asked again
+        if address.startswith(("etcd://", "redis://")):
+            self._directory = LeaderDirectory(address, os.environ.get("MC_STORE_CLUSTER_ID", "mooncake_cluster"),
+                                              float(os.environ.get("MC_STORE_HA_POLL_MS", 100)) / 1000)
+            leader = self._directory.wait_leader(min(timeout, 5.0))
+            address = leader[0] if leader else "127.0.0.1:9"  # none yet: calls wait for one (_follow_leader)
+        self.address = address
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.MasterServiceStub(self._channel)
         self._segments: dict[str, pb.Segment] = {}
@@ -116,8 +182,36 @@ class MasterClient:
         self._closed = False
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
-        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        """Blocks until the channel connects (HA: to a leader); raises grpc.FutureTimeoutError otherwise."""
+        deadline = time.monotonic() + timeout
+        if self._directory is not None and self._directory.wait_leader(timeout) is None:
+            raise grpc.FutureTimeoutError()
+        self._follow_leader(deadline)
+        grpc.channel_ready_future(self._channel).result(timeout=max(0.01, deadline - time.monotonic()))
+
+    def _follow_leader(self, deadline: float) -> None:
+        """HA: points the channel at the leader the directory knows now (waiting for one until `deadline`)."""
+        d = self._directory
+        if d is None:
+            return
+        leader = d.wait_leader(max(0.0, deadline - time.monotonic()))
+        if leader is None or leader[0] == self.address:
+            return
+        with self._switch_lock:
+            if leader[0] == self.address:
+                return
+            _log.info("client %s follows the master leader to %s (view %d)", self.client_id, leader[0], leader[1])
+            old = self._channel
+            self._channel = grpc.insecure_channel(leader[0], options=_CHANNEL_OPTIONS)
+            self.stub = pb_grpc.MasterServiceStub(self._channel)
+            self.address = leader[0]
+            fast, self._fast = self._fast, None
+            if fast is not None:
+                fast.close()
+            # Calls in flight on the old channel finish or fail there; it is closed a switch later.
+            self._old_channels.append(old)
+            while len(self._old_channels) > 1:
+                self._old_channels.pop(0).close()
 
     def call(self, method: str, timeout: float | None = None, **fields):
         """Sends RPC `method` with a request built from `fields` (client_id added when the request has one),
@@ -138,6 +232,12 @@ class MasterClient:
             view = self.view_version
             try:
                 reply = self._send(method, request, deadline)
+                if self._directory is not None and method in IDEMPOTENT and self._old_view(self._reply_view):
+                    # A read answered by a master whose view is older than the leader's: dropped (the leader
+                    # rule makes this rare: a deposed leader stops before another is elected), asked again.
+                    self.old_view_replies += 1
+                    raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: reply from an old master view",
+                                       sent=True)
             except grpc.RpcError as e:
                 if method in _NEVER_RESENT or not self._may_resend(method, e, view, deadline):
                     raise
@@ -157,11 +257,14 @@ class MasterClient:
     def _send(self, method: str, request, deadline: float):
         """One attempt: the fast path when in use (a connection that cannot be opened falls through to gRPC),
         else gRPC, which waits for the channel to (re)connect until `deadline`."""
+        self._follow_leader(deadline)
         left = max(_MIN_ATTEMPT_SEC, deadline - time.monotonic())
         fast = self._fast
         if fast is not None:
             try:
-                return fast.call(method, request, left)
+                reply = fast.call(method, request, left)
+                self._reply_view = fast.last_view()
+                return reply
             except FastRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
@@ -170,10 +273,31 @@ class MasterClient:
                     raise
                 left = max(_MIN_ATTEMPT_SEC, deadline - time.monotonic())
         try:
-            return getattr(self.stub, method)(request, timeout=left, wait_for_ready=True)
+            if self._directory is None:
+                return getattr(self.stub, method)(request, timeout=left, wait_for_ready=True)
+            # HA: no waiting for a master that may be gone for good (the retry loop follows the leader); the
+            # reply's trailing metadata names the view of the master that answered.
+            reply, rpc = getattr(self.stub, method).with_call(request, timeout=left, wait_for_ready=False)
+            md = dict(rpc.trailing_metadata() or ())
+            self._reply_view = int(md.get(VIEW_METADATA_KEY, 0) or 0)
+            return reply
         except ValueError:  # the channel was closed meanwhile (close)
             raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: the master client is closed",
                                sent=False) from None
+
+    @property
+    def _reply_view(self) -> int:
+        """The view number the calling thread's last reply carried (HA masters; 0: none)."""
+        return getattr(self._views, "view", 0)
+
+    @_reply_view.setter
+    def _reply_view(self, view: int) -> None:
+        self._views.view = view
+
+    def _old_view(self, view: int) -> bool:
+        """Whether a reply of master view `view` comes from before the leader the directory knows now."""
+        leader = self._directory.leader
+        return bool(view) and leader is not None and view < leader[1]
 
     def _may_resend(self, method: str, e: grpc.RpcError, view: int, deadline: float) -> bool:
         """Whether a call that raised `e` (sent while this client knew master view `view`) is safe to send again."""
@@ -338,6 +462,10 @@ class MasterClient:
         if self._fast is not None:
             self._fast.close()
             self._fast = None
+        if self._directory is not None:
+            self._directory.close()
+        for ch in self._old_channels:
+            ch.close()
         self._channel.close()
 
     def __enter__(self) -> "MasterClient":

@@ -8,7 +8,9 @@ handlers, same semantics; only the framing differs.
 Wire format (little endian): request = u32 payload length, u16 method index (position of the method in the
 service definition in mooncake_master.proto), payload (the serialized request message). Reply = u32
 payload length, u8 status (0: payload is the reply message; 1: payload is a UTF-8 error text, the call
-failed like a gRPC INTERNAL / INVALID_ARGUMENT error). One request at a time per connection; a server
+failed like a gRPC INTERNAL / INVALID_ARGUMENT error; 2: an error text, the call was refused UNAVAILABLE, e.g.
+by a master that is not the leader; 3: a u64 view number, then the reply message: an HA master's reply).
+One request at a time per connection; a server
 thread per connection.
 
 Bounds (python/mooncake/listener_limits.py): a request payload is at most ``max_frame`` bytes (default
@@ -40,10 +42,10 @@ import weakref
 import grpc
 
 from mooncake.listener_limits import ByteBudget, ConnectionSlots, LimitExceeded, read_exactly
-from mooncake.store.master.config import MAX_REQUEST_BYTES
+from mooncake.store.common.protocol import MAX_REQUEST_BYTES
 from mooncake.store.proto import mooncake_master_pb2 as pb
 
-_log = logging.getLogger("mooncake.store.master.fast_rpc")
+_log = logging.getLogger("mooncake.store.common.fast_rpc")
 _REQ_HEAD = struct.Struct("<IH")
 _REPLY_HEAD = struct.Struct("<IB")
 MAX_FRAME = MAX_REQUEST_BYTES
@@ -97,14 +99,34 @@ class FastRpcError(grpc.RpcError):
 
 
 class _Abort(Exception):
-    pass
+    def __init__(self, code, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+
+
+# Reply status: 0 a reply message follows; 1 failed (INTERNAL: the text follows); 2 UNAVAILABLE (e.g. this
+# master is not the leader: the text follows; the client may go to another master); 3 a u64 view number
+# (an HA master's, see ``_Context.set_trailing_metadata``), then the reply message.
+_STATUS_UNAVAILABLE = 2
+_STATUS_VIEW_REPLY = 3
+_VIEW = struct.Struct("<Q")
+VIEW_METADATA_KEY = "mc-view"  # gRPC trailing metadata of an HA master's replies: its view number
 
 
 class _Context:
-    """What the servicer's handlers use of grpc.ServicerContext."""
+    """What the servicer's handlers use of grpc.ServicerContext; ``set_trailing_metadata`` keeps only the
+    view number (VIEW_METADATA_KEY), sent ahead of the reply."""
+
+    def __init__(self) -> None:
+        self.view = 0
 
     def abort(self, code, details):
-        raise _Abort(f"{code}: {details}")
+        raise _Abort(code, details)
+
+    def set_trailing_metadata(self, metadata) -> None:
+        for k, v in metadata:
+            if k == VIEW_METADATA_KEY:
+                self.view = int(v)
 
     def is_active(self) -> bool:
         return True
@@ -228,8 +250,13 @@ class FastRpcServer:
                     if index >= len(names):
                         out, status = f"unknown method index {index}".encode(), 1
                     else:
+                        ctx.view = 0
                         out, status = self._call(index, payload, ctx), 0
-                except Exception as e:  # noqa: BLE001  (decode errors, aborted handlers): answered, not fatal
+                        if ctx.view:
+                            out, status = _VIEW.pack(ctx.view) + out, _STATUS_VIEW_REPLY
+                except _Abort as e:
+                    out, status = str(e).encode(), _STATUS_UNAVAILABLE if e.code == grpc.StatusCode.UNAVAILABLE else 1
+                except Exception as e:  # noqa: BLE001  (decode errors): answered, not fatal
                     out, status = str(e).encode(), 1
                 finally:
                     del payload
@@ -325,6 +352,7 @@ class FastRpcClient:
         self.connect_timeout = connect_timeout
         self._methods = _methods(service)
         self._local = threading.local()
+        self._views = threading.local()
         self._all: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -377,9 +405,19 @@ class FastRpcClient:
             if isinstance(e, socket.timeout) or e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 raise FastRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no reply in time") from None
             raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: {e}") from None
+        if status == _STATUS_UNAVAILABLE:
+            raise FastRpcError(grpc.StatusCode.UNAVAILABLE, f"{method}: {body.decode(errors='replace')}")
+        view = 0
+        if status == _STATUS_VIEW_REPLY and len(body) >= _VIEW.size:
+            view, body, status = _VIEW.unpack_from(body)[0], body[_VIEW.size:], 0
         if status != 0:
             raise FastRpcError(grpc.StatusCode.INTERNAL, f"{method}: {body.decode(errors='replace')}")
+        self._views.view = view
         return self._methods.replies[method].FromString(body)
+
+    def last_view(self) -> int:
+        """The view number the calling thread's last reply carried (0: none, the server has no HA)."""
+        return getattr(self._views, "view", 0)
 
     @staticmethod
     def _reply(sock: socket.socket, buf: bytearray) -> tuple[bytes, int]:

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from mooncake.store.master.allocator import OffsetAllocator, _bin_lower, _bin_of
+from mooncake.store.common.allocator import OffsetAllocator, _bin_lower, _bin_of
 
 
 def test_size_classes_are_ordered_and_bounded():

@@ -10,12 +10,12 @@ import grpc
 import pytest
 
 from mooncake.store.master.config import MasterConfig
-from mooncake.store.master.errors import ErrorCode as E
-from mooncake.store.master.fast_rpc import MAX_FRAME, FastRpcClient, FastRpcError, FastRpcServer
+from mooncake.store.common.errors import ErrorCode as E
+from mooncake.store.common.fast_rpc import MAX_FRAME, FastRpcClient, FastRpcError, FastRpcServer
 from mooncake.store.master.rpc_server import MasterServicer
 from mooncake.store.master.service import MasterService
 from mooncake.testing.listener_fuzz import Stalled, exchange, memory_kib
-from mooncake.store.master.master_client import MasterClient, segment
+from mooncake.store.common.master_client import MasterClient, segment
 from mooncake.store.master.testing import MasterProcess
 from mooncake.store.proto import mooncake_master_pb2 as pb
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from mooncake.store.master.config import MasterConfig
-from mooncake.store.master.fast_rpc import FastRpcClient
-from mooncake.store.master.master_client import MasterClient, replicate_config, segment
+from mooncake.store.common.fast_rpc import FastRpcClient
+from mooncake.store.common.master_client import MasterClient, replicate_config, segment
 from mooncake.store.master.rpc_server import MasterServer
 from mooncake.store.master.segments import REMOUNT_HOLD_SEC
 from mooncake.store.master.testing import MasterProcess

@@ -1,0 +1,323 @@
+// EfaTransport's data path: a submission's epoch check, striping over the paths, posting (one operation
+// per chunk piece), completions, the write fence and moving failed slices to another path.
+
+#include "transfer_engine/transport/efa/efa_transport.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "transfer_engine/common/format.h"
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/transport/efa/efa_internal.h"
+
+namespace mooncake::te::efa {
+
+void EfaTransport::Finish(Peer& peer, Slice* s, const Status& st) {
+  {
+    std::lock_guard lock(peer.mu);
+    if (st.ok()) {
+      peer.bytes += s->length;
+      peer.slices++;
+    } else {
+      peer.errors++;
+    }
+  }
+  if (st.ok()) {
+    s->Complete(st);
+  } else if (st.code() == ErrorCode::kStaleMetadata) {
+    s->Fail(st, SliceRetry::kRefreshPeer);
+  } else {
+    s->Fail(st, SliceRetry::kOtherPath);
+  }
+}
+
+void EfaTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
+  if (slices.empty()) return;
+  Status error;
+  std::shared_ptr<Peer> peer = rails_.empty() ? nullptr : PeerFor(desc, &error);
+  if (rails_.empty()) error = Status(ErrorCode::kContext, "the efa transport is not started");
+  if (!peer) {
+    for (Slice* s : slices) s->Fail(error, SliceRetry::kOtherPath);
+    return;
+  }
+  auto items = std::make_shared<std::vector<Item>>();
+  std::map<const BufferDescriptor*, std::shared_ptr<const RemoteKeys>> keys_of;
+  for (Slice* s : slices) {
+    const BufferDescriptor* buf = desc.FindBuffer(s->remote, s->length);
+    if (!buf) {
+      Finish(*peer, s, Status(ErrorCode::kAddressNotRegistered,
+                              "range " + Range(s->remote, s->length) + " is not inside a buffer of '" + desc.name + "'"));
+      continue;
+    }
+    auto& keys = keys_of[buf];
+    if (!keys) {
+      auto k = ReadBufferKeys(*buf, peer->fabric);
+      if (k) keys = std::make_shared<const RemoteKeys>(std::move(*k));
+    }
+    if (!keys) {
+      Finish(*peer, s, Status(ErrorCode::kRemoteRejected, "buffer " + Range(buf->addr, buf->length) + " of '" +
+                                                              desc.name + "' is not registered with efa"));
+      continue;
+    }
+    RegionPin pin = ctx_.memory->Find(reinterpret_cast<uint64_t>(s->local), s->length, /*remote=*/false);
+    const MemoryRegion::TransportEntry* entry = pin ? pin->transport("efa") : nullptr;
+    auto* state = entry && entry->state ? static_cast<const EfaRegionState*>(entry->state.get()) : nullptr;
+    if (!state || state->mrs.size() != rails_.size()) {
+      Finish(*peer, s, Status(ErrorCode::kAddressNotRegistered,
+                              "local range " + Range(reinterpret_cast<uint64_t>(s->local), s->length) +
+                                  " is not registered with efa"));
+      continue;
+    }
+    Item item;
+    item.slice = s;
+    item.local = state;
+    item.local_offset = reinterpret_cast<uint64_t>(s->local) - pin->start;
+    item.pin = std::move(pin);
+    item.keys = keys;
+    item.remote_offset = s->remote - buf->addr;
+    items->push_back(std::move(item));
+  }
+  if (items->empty()) return;
+  Start(peer, std::move(items), peer->fabric.has_epoch ? JsonUint(desc.json, "efa_epoch").value_or(0) : 0,
+        /*revive=*/true);
+}
+
+void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std::vector<Item>> items,
+                         uint64_t expected, bool revive) {
+  if (!peer->fabric.has_epoch) {
+    Distribute(peer, std::move(*items), revive);
+    return;
+  }
+  const int path = ChoosePath(*peer, revive);
+  if (path < 0) {
+    Status down(ErrorCode::kPeerUnreachable, "every efa path to '" + peer->name + "' is down");
+    for (auto& item : *items) Finish(*peer, item.slice, down);
+    return;
+  }
+  // Nothing is posted until the peer's epoch says its descriptor is current.
+  ReadEpoch(peer, path, [this, peer, items, expected, path](const Status& st, uint64_t value) {
+    if (!st.ok()) {
+      PathFailed(*peer, path, st);
+      Start(peer, items, expected, /*revive=*/false);  // another path that is up, until none is left
+      return;
+    }
+    if (value != expected) {
+      Status stale(ErrorCode::kStaleMetadata, "'" + peer->name +
+                                                  "' withdrew memory since its descriptor was fetched (epoch " +
+                                                  std::to_string(value) + ", descriptor " +
+                                                  std::to_string(expected) + ")");
+      {
+        std::lock_guard lock(peer->mu);
+        peer->stale++;
+      }
+      for (auto& item : *items) Finish(*peer, item.slice, stale);
+      return;
+    }
+    Distribute(peer, std::move(*items), /*revive=*/false);
+  });
+}
+
+void EfaTransport::Distribute(const std::shared_ptr<Peer>& peer, std::vector<Item> items, bool revive) {
+  std::map<int, std::shared_ptr<Group>> groups;
+  std::vector<Item> unplaced;
+  for (auto& item : items) {
+    const int path = ChoosePath(*peer, revive);
+    if (path < 0) {
+      unplaced.push_back(std::move(item));
+      continue;
+    }
+    {
+      std::lock_guard lock(peer->mu);
+      peer->paths[path].in_flight += item.slice->length;
+    }
+    auto& g = groups[path];
+    if (!g) {
+      g = std::make_shared<Group>();
+      g->peer = peer;
+      g->path = path;
+      g->fence_writes = peer->fabric.has_epoch && !rails_[peer->paths[path].rail]->domain->info().delivery_complete;
+    }
+    g->items.push_back(std::move(item));
+  }
+  Status down(ErrorCode::kPeerUnreachable, "every efa path to '" + peer->name + "' is down");
+  for (auto& item : unplaced) Finish(*peer, item.slice, down);
+  for (auto& [path, g] : groups) PostGroup(g);
+}
+
+void EfaTransport::PostGroup(const std::shared_ptr<Group>& g) {
+  Peer& peer = *g->peer;
+  int rail_index;
+  size_t device;
+  fi_addr_t dest;
+  {
+    std::lock_guard lock(peer.mu);
+    const Path& p = peer.paths[g->path];
+    rail_index = p.rail;
+    device = p.device;
+    dest = p.addr;
+  }
+  Rail& rail = *rails_[rail_index];
+  const bool virt = peer.fabric.virt_addr;
+  g->remaining.store(g->items.size());
+  std::vector<std::unique_ptr<FabricOp>> ops;
+  for (auto& item : g->items) {
+    auto run = std::make_shared<Run>();
+    run->item = std::move(item);
+    Slice* s = run->item.slice;
+    const EfaRegionState& local = *run->item.local;
+    // One operation per (local chunk, remote chunk) piece of the slice.
+    std::vector<std::unique_ptr<FabricOp>> mine;
+    Status bad;
+    for (uint64_t pos = 0; pos < s->length;) {
+      const uint64_t loff = run->item.local_offset + pos;
+      const uint64_t roff = run->item.remote_offset + pos;
+      uint64_t n = s->length - pos;
+      n = std::min<uint64_t>(n, local.chunk - loff % local.chunk);
+      if (run->item.keys->chunk != 0) n = std::min<uint64_t>(n, run->item.keys->chunk - roff % run->item.keys->chunk);
+      uint64_t key = 0, chunk_offset = 0;
+      const size_t lchunk = static_cast<size_t>(loff / local.chunk);
+      if (!run->item.keys->Lookup(device, roff, &key, &chunk_offset) || lchunk >= local.mrs[rail_index].size()) {
+        bad = Status(ErrorCode::kRemoteRejected, "no efa key of '" + peer.name + "' for " + Range(s->remote + pos, n));
+        break;
+      }
+      auto op = std::make_unique<FabricOp>();
+      op->kind = s->opcode == OpCode::kWrite ? FabricOp::Kind::kWrite : FabricOp::Kind::kRead;
+      op->local = s->local + pos;
+      op->length = n;
+      op->local_desc = local.mrs[rail_index][lchunk]->desc();
+      op->dest = dest;
+      op->remote_addr = virt ? s->remote + pos : chunk_offset;
+      op->remote_key = key;
+      mine.push_back(std::move(op));
+      pos += n;
+    }
+    if (!bad.ok()) {
+      {
+        std::lock_guard lock(peer.mu);
+        peer.paths[g->path].in_flight -= s->length;
+      }
+      Finish(peer, s, bad);
+      GroupItemDone(g);
+      continue;
+    }
+    run->left.store(static_cast<int>(mine.size()));
+    for (auto& op : mine) {
+      op->done = [this, g, run](const Status& st) {
+        if (!st.ok()) {
+          std::lock_guard lock(run->mu);
+          if (run->error.ok()) run->error = st;
+        }
+        if (run->left.fetch_sub(1) == 1) RunDone(g, run);
+      };
+      ops.push_back(std::move(op));
+    }
+  }
+  g->items.clear();
+  for (auto& op : ops) rail.domain->Post(std::move(op));
+}
+
+void EfaTransport::RunDone(const std::shared_ptr<Group>& g, const std::shared_ptr<Run>& run) {
+  Peer& peer = *g->peer;
+  Slice* s = run->item.slice;
+  Status st;
+  {
+    std::lock_guard lock(run->mu);
+    st = run->error;
+  }
+  {
+    std::lock_guard lock(peer.mu);
+    Path& p = peer.paths[g->path];
+    p.in_flight -= s->length;
+    if (st.ok()) {
+      p.bytes += s->length;
+      p.slices++;
+    }
+  }
+  if (!st.ok()) {
+    PathFailed(peer, g->path, st);
+    Retry(g->peer, std::move(run->item), st);
+  } else if (g->fence_writes && s->opcode == OpCode::kWrite) {
+    std::lock_guard lock(g->mu);
+    g->held.push_back(run);
+  } else {
+    Finish(peer, s, st);
+  }
+  GroupItemDone(g);
+}
+
+void EfaTransport::GroupItemDone(const std::shared_ptr<Group>& g) {
+  if (g->remaining.fetch_sub(1) != 1) return;
+  std::vector<std::shared_ptr<Run>> held;
+  {
+    std::lock_guard lock(g->mu);
+    held.swap(g->held);
+  }
+  if (held.empty()) return;
+  // A read on the same connection is answered after the writes before it were applied.
+  ReadEpoch(g->peer, g->path, [this, g, held = std::move(held)](const Status& fence, uint64_t) {
+    if (!fence.ok()) PathFailed(*g->peer, g->path, fence);
+    for (const auto& run : held) {
+      if (fence.ok()) {
+        Finish(*g->peer, run->item.slice, Status::Ok());
+      } else {
+        Retry(g->peer, std::move(run->item), Status(fence.code(), "efa write not confirmed: " + fence.message()));
+      }
+    }
+  });
+}
+
+void EfaTransport::Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why) {
+  Slice* s = item.slice;
+  if (stopping_.load()) {
+    Finish(*peer, s, why);
+    return;
+  }
+  if (++s->attempts > static_cast<uint32_t>(std::max(0, retry_count_))) {
+    Finish(*peer, s, Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
+                                            " attempts, MC_RETRY_CNT)"));
+    return;
+  }
+  std::vector<Item> one;
+  one.push_back(std::move(item));
+  Distribute(peer, std::move(one), /*revive=*/false);  // fails it at once when no path is up
+}
+
+void EfaTransport::ReadEpoch(const std::shared_ptr<Peer>& peer, int path,
+                             std::function<void(const Status&, uint64_t)> then) {
+  int rail_index;
+  size_t device;
+  fi_addr_t dest;
+  {
+    std::lock_guard lock(peer->mu);
+    const Path& p = peer->paths[path];
+    rail_index = p.rail;
+    device = p.device;
+    dest = p.addr;
+  }
+  Rail& rail = *rails_[rail_index];
+  auto slot = rail.slots->Take();
+  if (!slot.ok()) {
+    then(slot.status(), 0);
+    return;
+  }
+  auto op = std::make_unique<FabricOp>();
+  op->kind = FabricOp::Kind::kRead;
+  op->local = slot->ptr;
+  op->length = sizeof(uint64_t);
+  op->local_desc = slot->desc;
+  op->dest = dest;
+  op->remote_addr = peer->fabric.virt_addr ? peer->fabric.epoch_addr : 0;
+  op->remote_key = peer->fabric.epoch_rkeys[device];
+  EpochSlots* slots = rail.slots.get();
+  EpochSlots::Slot ref = *slot;
+  op->done = [slots, ref, then = std::move(then)](const Status& st) {
+    uint64_t value = *reinterpret_cast<volatile uint64_t*>(ref.ptr);
+    slots->Give(ref);
+    then(st, value);
+  };
+  rail.domain->Post(std::move(op));
+}
+
+}  // namespace mooncake::te::efa

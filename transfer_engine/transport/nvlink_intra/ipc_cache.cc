@@ -1,0 +1,77 @@
+#include "transfer_engine/transport/nvlink_intra/ipc_cache.h"
+
+#include "transfer_engine/common/format.h"
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/transport/nvlink_intra/ipc_handle_hex.h"
+
+namespace mooncake::te::nvlink_intra {
+
+PeerMapping::~PeerMapping() {
+  Status st = platform_->CloseIpc(base_, length_);
+  if (!st.ok()) MC_LOG(kWarning) << "nvlink_intra: unmapping a peer buffer failed: " << st.message();
+}
+
+StatusOr<std::shared_ptr<PeerMapping>> IpcCache::Get(const SegmentDescriptor& desc, const BufferDescriptor& buffer) {
+  const std::string instance = JsonString(desc.json, "instance").value_or("");
+  const std::optional<int64_t> pid = JsonInt(desc.json, "pid");
+  const std::optional<std::string> hex = JsonString(buffer.json, "shm_name");
+  if (!pid || *pid <= 0 || *pid > INT32_MAX) {
+    return Status(ErrorCode::kMalformedJson, "nvlink_intra: segment '" + desc.name + "' publishes no valid pid");
+  }
+  if (!hex) {
+    return Status(ErrorCode::kMalformedJson, "nvlink_intra: buffer " + Range(buffer.addr, buffer.length) +
+                                                 " of segment '" + desc.name + "' has no IPC handle (shm_name)");
+  }
+  auto handle = HandleFromHex(*hex);
+  if (!handle.ok()) return handle.status();
+  std::lock_guard lock(mu_);
+  auto key = std::make_pair(instance, buffer.addr);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    if (it->second.handle == *handle && it->second.length == buffer.length) return it->second.mapping;
+    entries_.erase(it);  // re-registered under the same address: the old mapping goes once unused
+  }
+  auto mapped = platform_->ImportIpc(*handle, static_cast<int>(*pid), buffer.length);
+  if (!mapped.ok()) {
+    return Status(mapped.status().code(), "nvlink_intra: mapping buffer " + Range(buffer.addr, buffer.length) +
+                                              " of segment '" + desc.name + "': " + mapped.status().message());
+  }
+  auto mapping = std::make_shared<PeerMapping>(platform_, static_cast<char*>(*mapped), buffer.length);
+  entries_[key] = Entry{desc.name, std::move(handle.value()), buffer.length, mapping};
+  ++imports_[desc.name];
+  return mapping;
+}
+
+size_t IpcCache::Forget(const std::string& segment_name) {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.segment == segment_name) {
+      it = entries_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+void IpcCache::Clear() {
+  std::lock_guard lock(mu_);
+  entries_.clear();
+}
+
+size_t IpcCache::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+std::map<std::string, std::pair<size_t, uint64_t>> IpcCache::CountBySegment() const {
+  std::lock_guard lock(mu_);
+  std::map<std::string, std::pair<size_t, uint64_t>> out;
+  for (const auto& [segment, n] : imports_) out[segment].second = n;
+  for (const auto& [key, e] : entries_) ++out[e.segment].first;
+  return out;
+}
+
+}  // namespace mooncake::te::nvlink_intra

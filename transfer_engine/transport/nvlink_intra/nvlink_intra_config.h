@@ -1,0 +1,19 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_NVLINK_INTRA_CONFIG_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_NVLINK_INTRA_CONFIG_H_
+
+#include <cstddef>
+
+#include "transfer_engine/transport/options.h"
+
+namespace mooncake::te::nvlink_intra {
+
+/// nvlink_intra's settings: option "nvlink_intra.<key>", else the MC_* variable, else the default. Plain value type.
+struct NvlinkIntraConfig {
+  size_t slice_size = 16 << 20;  ///< slice_size / MC_NVLINK_INTRA_SLICE_SIZE: bytes per copy (4 KiB .. 1 GiB)
+
+  static NvlinkIntraConfig From(const TransportOptions& options);
+};
+
+}  // namespace mooncake::te::nvlink_intra
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_NVLINK_INTRA_CONFIG_H_

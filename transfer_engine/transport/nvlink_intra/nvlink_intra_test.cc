@@ -1,0 +1,245 @@
+// nvlink_intra on the host emulation platform (MC_PLATFORM_EMULATION=1: memfd "cuda" memory, not a GPU): its
+// registration hook (handle in Mooncake's shm_name field, host memory declined), reachability, device-to-device
+// writes and reads between two engines with the peer buffer mapped once and dropped on refresh, the managed
+// allocator, the inert form without a CUDA platform, and the shm_name codec against untrusted text.
+#include "transfer_engine/transport/nvlink_intra/nvlink_intra_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "transfer_engine/api/engine.h"
+#include "transfer_engine/transport/nvlink_intra/ipc_handle_hex.h"
+
+namespace mooncake::te::nvlink_intra {
+namespace {
+
+constexpr auto kTimeout = std::chrono::seconds(20);
+
+std::shared_ptr<Platform> Cuda() { return PlatformRegistry::Get().ForType(MemoryType::kCuda); }
+
+TEST(HandleHexTest, RoundTripsAndRefusesMalformedText) {
+  std::string bytes("\x00\x01\xab\xff", 4);
+  EXPECT_EQ(HandleToHex(bytes), "0001ABFF");
+  auto back = HandleFromHex("0001abFF");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, bytes);
+  for (const char* bad : {"", "0", "0G", "zz", "abc"}) {
+    EXPECT_EQ(HandleFromHex(bad).status().code(), ErrorCode::kMalformedJson) << bad;
+  }
+  EXPECT_EQ(HandleFromHex(std::string(2 * kMaxHandleBytes + 2, 'A')).status().code(), ErrorCode::kMalformedJson);
+  EXPECT_TRUE(HandleFromHex(std::string(2 * kMaxHandleBytes, 'A')).ok());
+}
+
+TEST(NvlinkIntraTransportTest, ExportsCudaRegionsAndDeclinesHostMemory) {
+  auto cuda = Cuda();
+  ASSERT_NE(cuda, nullptr) << "MC_PLATFORM_EMULATION=1 should enable the emulation";
+  NvlinkIntraTransport t;
+  EngineConfig config;
+  TransportContext ctx;
+  ctx.config = &config;
+  ctx.platforms = &PlatformRegistry::Get();
+  ctx.host_id = "this-host";
+  ASSERT_TRUE(t.Start(ctx).ok());
+  auto dev = cuda->Allocate(1 << 20, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(dev.ok());
+  MemoryRegion region;
+  region.start = reinterpret_cast<uint64_t>(*dev);
+  region.length = 1 << 20;
+  region.kind = MemoryKind{MemoryType::kCuda, 0};
+  auto r = t.RegisterRegion(region);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->declined) << r->why_declined;
+  ASSERT_TRUE(r->descriptor_fields.contains("shm_name"));
+  std::string hex = r->descriptor_fields["shm_name"].get<std::string>();
+  auto handle = HandleFromHex(hex);
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ(HandleToHex(*handle), hex) << "upper-case hex, as Mooncake writes it";
+  // The handle maps the region (here: imported by this same process).
+  auto mapped = cuda->ImportIpc(*handle, getpid(), 1 << 20);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  memset(*mapped, 0x5a, 64);
+  EXPECT_EQ(static_cast<unsigned char*>(*dev)[63], 0x5a);
+  EXPECT_TRUE(cuda->CloseIpc(*mapped, 1 << 20).ok());
+
+  std::vector<char> host(4096);
+  MemoryRegion h;
+  h.start = reinterpret_cast<uint64_t>(host.data());
+  h.length = host.size();
+  auto hr = t.RegisterRegion(h);
+  ASSERT_TRUE(hr.ok());
+  EXPECT_TRUE(hr->declined);
+  EXPECT_TRUE(hr->descriptor_fields.empty());
+
+  nlohmann::json desc = nlohmann::json::object();
+  t.Describe(desc);
+  EXPECT_EQ(desc["nvlink_intra_platform"], cuda->name());
+  SegmentDescriptor peer;
+  peer.name = "peer";
+  peer.json = {{"host_id", "this-host"}, {"nvlink_intra_platform", cuda->name()}};
+  EXPECT_TRUE(t.CanReach(peer));
+  peer.json["host_id"] = "another-host";
+  EXPECT_FALSE(t.CanReach(peer));
+  peer.json = {{"host_id", "this-host"}, {"nvlink_intra_platform", 7}};  // untrusted: wrong type
+  EXPECT_FALSE(t.CanReach(peer));
+  t.Stop();
+  EXPECT_TRUE(cuda->Free(*dev, 1 << 20, AllocationKind::kDevice).ok());
+}
+
+TEST(NvlinkIntraTransportTest, WithoutACudaPlatformItIsInert) {
+  NvlinkIntraTransport t;
+  EngineConfig config;
+  TransportContext ctx;
+  ctx.config = &config;
+  ctx.platforms = nullptr;  // as in a process without any usable CUDA platform
+  ctx.host_id = "this-host";
+  ASSERT_TRUE(t.Start(ctx).ok());
+  MemoryRegion region;
+  region.start = 0x10000;
+  region.length = 4096;
+  region.kind = MemoryKind{MemoryType::kCuda, 0};
+  auto r = t.RegisterRegion(region);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->declined);
+  EXPECT_NE(r->why_declined.find("no usable CUDA platform"), std::string::npos) << r->why_declined;
+  nlohmann::json desc = nlohmann::json::object();
+  t.Describe(desc);
+  EXPECT_FALSE(desc.contains("nvlink_intra_platform"));
+  EXPECT_EQ(t.AllocateManaged(4096).status().code(), ErrorCode::kDeviceNotFound);
+}
+
+// Two engines of this process, both with nvlink_intra (and their default transports).
+class NvlinkIntraEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cuda_ = Cuda();
+    ASSERT_NE(cuda_, nullptr);
+    EngineOptions o;
+    o.local_server_name = "127.0.0.1";
+    o.metadata_conn = "P2PHANDSHAKE";
+    o.protocol = "tcp";
+    auto a = TransferEngine::Create(o);
+    auto b = TransferEngine::Create(o);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+    a_ = std::move(*a);
+    b_ = std::move(*b);
+    for (void** p : {&local_, &remote_}) {
+      auto m = cuda_->Allocate(kLen, AllocationKind::kDevice, 0);
+      ASSERT_TRUE(m.ok());
+      *p = *m;
+    }
+    ASSERT_TRUE(a_->RegisterMemory(local_, kLen).ok());
+    ASSERT_TRUE(b_->RegisterMemory(remote_, kLen).ok());
+    auto h = a_->OpenSegment(b_->segment_name());
+    ASSERT_TRUE(h.ok());
+    peer_ = *h;
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+    for (void* p : {local_, remote_}) {
+      if (p) {
+        EXPECT_TRUE(cuda_->Free(p, kLen, AllocationKind::kDevice).ok());
+      }
+    }
+  }
+
+  Status Move(OpCode op, size_t local_off, size_t remote_off, size_t len) {
+    TransferRequest r{op, static_cast<char*>(local_) + local_off, peer_,
+                      reinterpret_cast<uint64_t>(remote_) + remote_off, len};
+    return a_->TransferSync({r}, kTimeout);
+  }
+  nlohmann::json Carried() {
+    auto j = nlohmann::json::parse(a_->StatsJson());
+    return j["nvlink_intra"][b_->segment_name()];
+  }
+
+  static constexpr size_t kLen = 8 << 20;
+  std::shared_ptr<Platform> cuda_;
+  std::unique_ptr<TransferEngine> a_, b_;
+  void* local_ = nullptr;
+  void* remote_ = nullptr;
+  SegmentHandle peer_{};
+};
+
+TEST_F(NvlinkIntraEngineTest, MovesDeviceMemoryThroughOneCachedMapping) {
+  auto* src = static_cast<unsigned char*>(local_);
+  auto* dst = static_cast<unsigned char*>(remote_);
+  for (size_t i = 0; i < kLen; ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, kLen).ok());
+  EXPECT_EQ(0, memcmp(src, dst, kLen));
+  ASSERT_TRUE(Move(OpCode::kWrite, 3, 4099, 1000001).ok());  // odd offsets and length
+  EXPECT_EQ(0, memcmp(src + 3, dst + 4099, 1000001));
+  for (size_t i = 0; i < kLen; ++i) dst[i] = static_cast<unsigned char>(i * 13 + 1);
+  ASSERT_TRUE(Move(OpCode::kRead, 0, 0, kLen).ok());
+  EXPECT_EQ(0, memcmp(src, dst, kLen));
+  nlohmann::json c = Carried();
+  EXPECT_GE(c["bytes"].get<uint64_t>(), 2 * kLen + 1000001) << c.dump();
+  EXPECT_EQ(c["imports"], 1u) << "the peer buffer is mapped once: " << c.dump();
+  EXPECT_EQ(c["mapped"], 1u);
+  auto stats = nlohmann::json::parse(a_->StatsJson());
+  uint64_t tcp = 0;
+  for (const auto& [path, k] : stats["tcp"].items()) tcp += k.value("bytes", uint64_t{0});
+  EXPECT_EQ(tcp, 0u) << "device memory of this host went over tcp";
+}
+
+TEST_F(NvlinkIntraEngineTest, ARefreshedPeerIsMappedAgain) {
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
+  a_->InvalidateSegment(b_->segment_name());  // drops the descriptor: nvlink_intra forgets its mappings
+  EXPECT_EQ(Carried()["mapped"], 0u) << Carried().dump();
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
+  EXPECT_EQ(Carried()["imports"], 2u) << Carried().dump();
+  EXPECT_EQ(Carried()["mapped"], 1u);
+}
+
+TEST_F(NvlinkIntraEngineTest, MemoryTheTargetUnregisteredIsNeverWritten) {
+  constexpr size_t kExtra = 1 << 20;
+  auto extra = cuda_->Allocate(kExtra, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(extra.ok());
+  ASSERT_TRUE(b_->RegisterMemory(*extra, kExtra).ok());
+  a_->InvalidateSegment(b_->segment_name());  // a's next transfer fetches b's descriptor with `extra` in it
+  memset(local_, 'w', 4096);
+  TransferRequest r{OpCode::kWrite, local_, peer_, reinterpret_cast<uint64_t>(*extra), 4096};
+  ASSERT_TRUE(a_->TransferSync({r}, kTimeout).ok());
+  EXPECT_EQ(static_cast<char*>(*extra)[4095], 'w');
+  ASSERT_TRUE(b_->UnregisterMemory(*extra).ok());  // a's cached descriptor still lists it; its mapping is cached
+  memset(*extra, 0, 4096);
+  memset(local_, 'z', 4096);
+  Status st = a_->TransferSync({r}, kTimeout);
+  EXPECT_EQ(st.code(), ErrorCode::kAddressNotRegistered) << st.ToString();
+  EXPECT_EQ(static_cast<char*>(*extra)[0], 0) << "a write landed in memory the target had unregistered";
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());  // the rest of b is still reachable
+  EXPECT_EQ(static_cast<char*>(remote_)[0], 'z');
+  EXPECT_TRUE(cuda_->Free(*extra, kExtra, AllocationKind::kDevice).ok());
+}
+
+TEST_F(NvlinkIntraEngineTest, HostMemoryGoesAnotherWay) {
+  std::vector<char> host(1 << 16, 'h');
+  ASSERT_TRUE(a_->RegisterMemory(host.data(), host.size()).ok());
+  TransferRequest r{OpCode::kWrite, host.data(), peer_, reinterpret_cast<uint64_t>(remote_), host.size()};
+  ASSERT_TRUE(a_->TransferSync({r}, kTimeout).ok());  // host -> cuda: tcp staging, not nvlink_intra
+  EXPECT_EQ(static_cast<char*>(remote_)[100], 'h');
+  auto stats = nlohmann::json::parse(a_->StatsJson());
+  EXPECT_FALSE(stats.contains("nvlink_intra") && stats["nvlink_intra"].contains(b_->segment_name()))
+      << stats.dump();
+  EXPECT_TRUE(a_->UnregisterMemory(host.data()).ok());
+}
+
+TEST(NvlinkIntraManagedTest, ManagedBuffersAreShareableDeviceMemory) {
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1";
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.protocol = "nvlink_intra";  // the preferred transport serves allocate_managed_buffer
+  auto e = TransferEngine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto p = (*e)->AllocateManaged(1 << 20);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(PlatformRegistry::Get().Classify(*p).ToString(), "cuda:0");
+  auto handle = Cuda()->ExportIpc(*p, 1 << 20);  // shareable: it exports
+  EXPECT_TRUE(handle.ok()) << handle.status().ToString();
+  EXPECT_TRUE((*e)->FreeManaged(*p, 1 << 20).ok());
+}
+
+}  // namespace
+}  // namespace mooncake::te::nvlink_intra

@@ -1,0 +1,155 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_ENDPOINT_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_ENDPOINT_H_
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transfer_engine/api/status.h"
+#include "transfer_engine/transport/rdma/rdma_config.h"
+#include "transfer_engine/transport/rdma/rdma_nic.h"
+
+namespace mooncake::te::rdma {
+
+/// One work request the transport wants done: a contiguous piece of a slice, with the keys of the NIC pair it
+/// was given to. `job` is the transport's (opaque here).
+struct WorkItem {
+  uint64_t local = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+  uint64_t remote = 0;
+  uint32_t rkey = 0;
+  bool read = false;
+  size_t pair = 0;            ///< the (local NIC, peer NIC) pair index it was posted on
+  std::shared_ptr<void> job;  ///< the slice piece's owner (the transport's SliceJob)
+};
+
+/// What each side of an RC connection tells the other (the "rdma.connect" request and reply).
+struct QpAddress {
+  std::string nic;  ///< the HCA's name
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  ibv_gid gid{};
+  uint16_t lid = 0;
+  int mtu = 0;  ///< IBV_MTU_*
+};
+
+/// Work requests in flight on one CQ, bounded by its size (shared by the endpoints using that CQ).
+struct CqBudget {
+  explicit CqBudget(int capacity) : capacity(capacity) {}
+  const int capacity;
+  std::atomic<int> inflight{0};
+  std::atomic<bool> starved{false};  ///< an endpoint found the CQ full: kick endpoints after completions
+};
+
+/// Moves a QP through INIT -> RTR -> RTS towards `peer` (both sides use it). An errno text on failure.
+Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const QpAddress& peer, uint32_t local_psn,
+                 const RdmaConfig& cfg);
+/// A new RC QP on `nic` using CQ `cq`; null with errno.
+ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg);
+
+/// The requester end of one RC connection (local NIC -> peer NIC) to one peer: its QP, the work requests in
+/// flight (at most cfg.max_wr, and within the CQ's budget) and those waiting for room.
+///
+/// States: idle (no QP; after a failure, not usable until the backoff passes), connected, failed (an error
+/// completion arrived: nothing new is posted; the WRs still in flight come back flushed, then the QP is
+/// destroyed and the endpoint is idle again). The backoff doubles with each consecutive failure up to
+/// cfg.rail_pause, and resets after a success. Thread-safe.
+class Endpoint {
+ public:
+  /// Performs the handshake: sends our address, returns the peer's. Called without the endpoint's lock.
+  using Handshake = std::function<StatusOr<QpAddress>(const QpAddress& ours)>;
+
+  Endpoint(std::shared_ptr<RdmaNic> nic, size_t nic_index, std::shared_ptr<CqBudget> budget, size_t cq,
+           const RdmaConfig& cfg, std::string label);
+  ~Endpoint();
+
+  const std::string& label() const { return label_; }
+  /// False while failed, or idle within the backoff.
+  bool Usable() const;
+  /// Connects when idle (a blocking handshake); ok when connected. On failure the endpoint backs off. The QP
+  /// number, once connected, is reported through `on_qp` (the transport's completion routing).
+  Status EnsureConnected(const Handshake& handshake, const std::function<void(uint32_t qpn)>& on_qp);
+  /// Takes the items and posts what fits; false (items untouched) when not connected. When posting fails the
+  /// endpoint fails and its waiting items are handed back in `flushed`.
+  bool Enqueue(std::vector<std::unique_ptr<WorkItem>>& items, std::vector<std::unique_ptr<WorkItem>>* flushed);
+  /// Posts waiting items that now fit (the CQ budget moved); as Enqueue for `flushed`.
+  void Kick(std::vector<std::unique_ptr<WorkItem>>* flushed);
+
+  struct Completed {
+    std::unique_ptr<WorkItem> item;                // null when the id is unknown
+    std::vector<std::unique_ptr<WorkItem>> flushed;  // waiting items dropped because the endpoint failed
+    bool failed_now = false;                       // this completion moved the endpoint to failed
+    uint32_t destroyed_qpn = 0;                    // non-zero: the QP was destroyed (stop routing it)
+  };
+  /// A completion of this endpoint's QP (polling thread).
+  Completed OnCompletion(const ibv_wc& wc);
+  /// Moves a connected endpoint to failed (e.g. a post failed); its waiting items are returned.
+  std::vector<std::unique_ptr<WorkItem>> Fail(const std::string& why);
+  /// No new work will come (the peer was forgotten): the QP is destroyed once nothing is in flight. Returns the
+  /// QP number when that happened now (0 otherwise; OnCompletion reports it later).
+  uint32_t Retire();
+  /// Destroys the QP at once and returns every item (in flight or waiting). Later calls return nothing.
+  std::vector<std::unique_ptr<WorkItem>> Close(uint32_t* qpn);
+
+  /// "idle", "connected", "failed: <why>", "paused <ms> ms: <why>".
+  std::string StateText() const;
+  uint64_t failures() const {
+    std::lock_guard lock(mu_);
+    return total_failures_;
+  }
+  /// Work requests in flight or waiting (the striping weight: a faster path drains sooner and gets more).
+  size_t load() const {
+    std::lock_guard lock(mu_);
+    return inflight_.size() + waiting_.size();
+  }
+  /// Measured throughput in bytes/s: an average over busy periods (from the first post until nothing is in
+  /// flight); 0 until one ended.
+  double rate() const {
+    std::lock_guard lock(mu_);
+    return rate_;
+  }
+  /// Bytes of successful work requests.
+  uint64_t bytes() const { return bytes_.load(); }
+
+ private:
+  enum class State { kIdle, kConnected, kFailed };
+  void PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed);
+  void FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out);
+  uint32_t DestroyQpLocked();
+
+  std::shared_ptr<RdmaNic> nic_;
+  const size_t nic_index_;
+  std::shared_ptr<CqBudget> budget_;
+  const size_t cq_;
+  const RdmaConfig cfg_;
+  const std::string label_;
+
+  mutable std::mutex mu_;
+  std::mutex connect_mu_;  // one handshake at a time
+  State state_ = State::kIdle;
+  ibv_qp* qp_ = nullptr;
+  bool closed_ = false;
+  bool retired_ = false;
+  std::chrono::steady_clock::time_point retry_after_{};
+  int consecutive_failures_ = 0;
+  uint64_t total_failures_ = 0;
+  std::atomic<uint64_t> bytes_{0};
+  std::chrono::steady_clock::time_point busy_since_{};  // when the current busy period began
+  uint64_t busy_bytes_ = 0;                              // bytes completed in it
+  double rate_ = 0;
+  std::string why_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<WorkItem>> inflight_;
+  std::deque<std::unique_ptr<WorkItem>> waiting_;
+};
+
+}  // namespace mooncake::te::rdma
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_ENDPOINT_H_

@@ -1,0 +1,134 @@
+#include "transfer_engine/transport/rdma/rdma_responder.h"
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/core/segment_descriptor.h"
+#include "transfer_engine/transport/rdma/rdma_endpoint.h"
+
+namespace mooncake::te::rdma {
+
+namespace {
+
+std::optional<uint64_t> BoundedUint(const nlohmann::json& j, const char* key, uint64_t max) {
+  auto v = JsonUint(j, key);
+  if (!v || *v > max) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+struct Responder::Entry {
+  std::shared_ptr<RdmaNic> nic;
+  ibv_qp* qp = nullptr;
+  uint32_t peer_qpn = 0;
+  uint32_t peer_psn = 0;  // with the QPN: a reconnect whose HCA reused the QPN comes with a fresh PSN
+  uint64_t seq = 0;  // creation order
+  bool ready = false;
+  std::string reply;
+  ~Entry() {
+    if (qp) nic->api()->destroy_qp(qp);
+  }
+};
+
+Responder::Responder(std::vector<std::shared_ptr<RdmaNic>> nics, const RdmaConfig& cfg, size_t capacity)
+    : nics_(std::move(nics)), cfg_(cfg), capacity_(capacity) {}
+
+Responder::~Responder() { Clear(); }
+
+void Responder::Clear() {
+  std::lock_guard lock(mu_);
+  entries_.clear();
+}
+
+size_t Responder::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+StatusOr<std::string> Responder::Connect(const std::string& payload) {
+  nlohmann::json j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  auto instance = JsonString(j, "instance");
+  auto local_nic = JsonString(j, "local_nic");
+  auto peer_nic = JsonString(j, "peer_nic");
+  auto qpn = BoundedUint(j, "qpn", 0xffffff);
+  auto psn = BoundedUint(j, "psn", 0xffffff);
+  auto lid = BoundedUint(j, "lid", 0xffff);
+  auto mtu = BoundedUint(j, "mtu", IBV_MTU_4096);
+  auto gid = JsonString(j, "gid");
+  std::optional<ibv_gid> g = gid ? ParseGid(*gid) : std::nullopt;
+  if (!j.is_object() || !instance || instance->size() > 256 || !local_nic || local_nic->size() > 64 || !peer_nic ||
+      !qpn || *qpn == 0 || !psn || !lid || !mtu || *mtu < IBV_MTU_256 || !g) {
+    return Status(ErrorCode::kInvalidArgument, "malformed rdma.connect request");
+  }
+  std::shared_ptr<RdmaNic> nic;
+  for (const auto& n : nics_) {
+    if (n->info().name == *peer_nic) nic = n;
+  }
+  if (!nic) return Status(ErrorCode::kDeviceNotFound, "no HCA named '" + *peer_nic + "' here");
+  const std::string key = *instance + "|" + *local_nic + "|" + *peer_nic;
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second->peer_qpn == *qpn && it->second->peer_psn == *psn) {
+    return it->second->reply;  // a repeated request (same QP, same PSN)
+  }
+  if (it == entries_.end() && entries_.size() >= capacity_) {
+    // Full: the oldest responder QP goes (its peer, if still alive, reconnects after a retry error).
+    auto oldest = entries_.begin();
+    for (auto i = entries_.begin(); i != entries_.end(); ++i) {
+      if (i->second->seq < oldest->second->seq) oldest = i;
+    }
+    MC_LOG(kWarning) << "rdma: " << capacity_ << " responder QPs: dropping the oldest (" << oldest->first << ")";
+    entries_.erase(oldest);
+  }
+  auto e = std::make_unique<Entry>();
+  e->nic = nic;
+  e->qp = CreateQp(*nic, nic->NextCq(), cfg_);
+  if (!e->qp) return Status(ErrorCode::kEndpoint, std::string("ibv_create_qp: ") + strerror(errno));
+  e->peer_qpn = static_cast<uint32_t>(*qpn);
+  e->peer_psn = static_cast<uint32_t>(*psn);
+  e->seq = ++seq_;
+  QpAddress peer;
+  peer.nic = *local_nic;
+  peer.qpn = e->peer_qpn;
+  peer.psn = static_cast<uint32_t>(*psn);
+  peer.gid = *g;
+  peer.lid = static_cast<uint16_t>(*lid);
+  peer.mtu = static_cast<int>(*mtu);
+  thread_local std::mt19937 rng(std::random_device{}());
+  const uint32_t our_psn = rng() & 0xffffff;
+  MC_RETURN_IF_ERROR(ConnectQp(nic->api(), e->qp, nic->info(), peer, our_psn, cfg_));
+  e->reply = nlohmann::json{{"nic", nic->info().name},
+                            {"qpn", e->qp->qp_num},
+                            {"psn", our_psn},
+                            {"gid", GidText(nic->info().gid)},
+                            {"lid", nic->info().lid},
+                            {"mtu", nic->info().active_mtu}}
+                 .dump();
+  std::string reply = e->reply;
+  entries_[key] = std::move(e);  // replaces (destroys) an older QP of the same key: the peer reconnected
+  return reply;
+}
+
+StatusOr<std::string> Responder::Ready(const std::string& payload) {
+  nlohmann::json j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  auto instance = JsonString(j, "instance");
+  auto local_nic = JsonString(j, "local_nic");
+  auto peer_nic = JsonString(j, "peer_nic");
+  auto qpn = BoundedUint(j, "qpn", 0xffffff);
+  if (!instance || !local_nic || !peer_nic || !qpn) return Status(ErrorCode::kInvalidArgument, "malformed rdma.ready");
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(*instance + "|" + *local_nic + "|" + *peer_nic);
+  if (it == entries_.end() || it->second->peer_qpn != *qpn) {
+    return Status(ErrorCode::kNotFound, "no rdma connection for that ready");
+  }
+  it->second->ready = true;
+  return std::string("{}");
+}
+
+}  // namespace mooncake::te::rdma

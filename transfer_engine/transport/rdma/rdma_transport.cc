@@ -1,0 +1,858 @@
+#include "transfer_engine/transport/rdma/rdma_transport.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "transfer_engine/common/format.h"
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/plugin/plugin.h"
+
+namespace mooncake::te::rdma {
+
+namespace {
+
+/// What the transport keeps per registered region: its MRs, [nic][chunk]. Deregistered by Release
+/// (UnregisterRegion) or the destructor, whichever comes first.
+class RdmaRegionState : public TransportRegionState {
+ public:
+  RdmaRegionState(const VerbsApi* api, uint64_t start, uint64_t chunk) : api_(api), start_(start), chunk_(chunk) {}
+  ~RdmaRegionState() override { Release(); }
+
+  void Add(std::shared_ptr<RdmaNic> nic, std::vector<ibv_mr*> mrs) {
+    nics_.push_back(std::move(nic));
+    mrs_.push_back(std::move(mrs));
+  }
+  void Release() const {
+    std::lock_guard lock(mu_);
+    for (auto& per_nic : mrs_) {
+      for (ibv_mr*& mr : per_nic) {
+        if (mr) api_->dereg_mr(mr);
+        mr = nullptr;
+      }
+    }
+  }
+  uint64_t start() const { return start_; }
+  uint64_t chunk() const { return chunk_; }  // 0: one chunk
+  /// The lkey covering `addr` on NIC `nic`, or nullopt once released.
+  std::optional<uint32_t> Lkey(size_t nic, uint64_t addr) const {
+    std::lock_guard lock(mu_);
+    if (nic >= mrs_.size()) return std::nullopt;
+    size_t k = chunk_ ? static_cast<size_t>((addr - start_) / chunk_) : 0;
+    if (k >= mrs_[nic].size() || !mrs_[nic][k]) return std::nullopt;
+    return mrs_[nic][k]->lkey;
+  }
+
+ private:
+  const VerbsApi* api_;
+  const uint64_t start_;
+  const uint64_t chunk_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<RdmaNic>> nics_;  // keep the PDs alive while MRs exist
+  mutable std::vector<std::vector<ibv_mr*>> mrs_;
+};
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s + ",") {
+    if (c == ',' || c == ' ' || c == ';') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return out;
+}
+
+// The JSON value `j[key]` when it is an unsigned number not above `max`.
+std::optional<uint64_t> BoundedUint(const nlohmann::json& j, const char* key, uint64_t max) {
+  auto v = JsonUint(j, key);
+  if (!v || *v > max) return std::nullopt;
+  return v;
+}
+
+std::optional<uint32_t> Key32(const nlohmann::json& v) {
+  if (!v.is_number_unsigned()) return std::nullopt;
+  uint64_t k = v.get<uint64_t>();
+  if (k > 0xffffffffULL) return std::nullopt;
+  return static_cast<uint32_t>(k);
+}
+
+std::string DeviceMemoryText(const VerbsApi* api) {
+  std::string dmabuf = api && api->reg_dmabuf_mr
+                           ? "dma-buf: unavailable (libibverbs has ibv_reg_dmabuf_mr, but this transport registers "
+                             "host memory only)"
+                           : "dma-buf: unavailable (no ibv_reg_dmabuf_mr in this libibverbs)";
+  struct stat st;
+  bool peermem = stat("/sys/kernel/mm/memory_peers", &st) == 0 || stat("/sys/module/nvidia_peermem", &st) == 0;
+  std::string peer = peermem ? "peer memory: a peer-memory client is loaded, but this transport registers host "
+                               "memory only"
+                             : "peer memory: unavailable (no nvidia_peermem / memory_peers in this kernel)";
+  return dmabuf + "; " + peer;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------- probe
+
+TransportProbe ProbeRdma() {
+  TransportProbe p;
+  std::string why;
+  const VerbsApi* api = LoadVerbsApi(&why);
+  if (!api) {
+    p.usable = false;
+    p.reason = "cannot load libibverbs: " + why;
+    return p;
+  }
+  int n = 0;
+  errno = 0;
+  ibv_device** list = api->get_device_list(&n);
+  if (!list || n == 0) {
+    p.usable = false;
+    p.reason = "no RDMA device";
+    if (!list) p.reason += std::string(" (ibv_get_device_list: ") + strerror(errno) + ")";
+    if (list) api->free_device_list(list);
+    p.reason += "; " + DeviceMemoryText(api);
+    return p;
+  }
+  RdmaConfig cfg = RdmaConfig::From(TransportOptions());
+  std::string usable, skipped;
+  for (int i = 0; i < n; ++i) {
+    auto info = InspectDevice(api, list[i], cfg);
+    if (info.ok()) {
+      usable += (usable.empty() ? "" : ",") + info->name;
+    } else {
+      skipped += (skipped.empty() ? "" : "; ") + info.status().message();
+    }
+  }
+  api->free_device_list(list);
+  if (usable.empty()) {
+    p.usable = false;
+    p.reason = "no usable RDMA device: " + skipped;
+  } else {
+    p.reason = std::string(api->is_fake() ? "FAKE verbs provider: " : "") + "HCAs " + usable +
+               (skipped.empty() ? "" : " (" + skipped + ")");
+  }
+  p.reason += "; " + DeviceMemoryText(api);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------- state
+
+struct RdmaTransport::Peer {
+  std::string key;
+  std::string segment;
+  struct Nic {
+    std::string name;
+    ibv_gid gid{};
+    uint16_t lid = 0;
+  };
+  std::vector<Nic> nics;
+  size_t local_count = 0;
+  std::vector<std::shared_ptr<Endpoint>> eps;  // [local * nics.size() + peer]
+  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> bytes{0}, slices{0}, errors{0}, retries{0};
+
+  std::shared_ptr<Endpoint>& ep(size_t pair) { return eps[pair]; }
+  size_t pairs() const { return eps.size(); }
+};
+
+/// One slice on its way: its pieces (work items) and outcome.
+struct RdmaTransport::SliceJob {
+  Slice* slice = nullptr;
+  std::shared_ptr<Peer> peer;
+  RegionPin pin;
+  const RdmaRegionState* local = nullptr;  // of pin
+  uint64_t remote_base = 0;                // the peer's buffer
+  uint64_t remote_chunk = 0;               // 0: one chunk
+  std::vector<std::vector<uint32_t>> rkeys;  // [peer nic][chunk]
+  std::atomic<int> remaining{0};
+  std::mutex mu;  // guards error, retry, attempts (slice->attempts)
+  Status error;
+  SliceRetry retry = SliceRetry::kFinal;
+};
+
+RdmaTransport::RdmaTransport() = default;
+RdmaTransport::RdmaTransport(const VerbsApi* api) : api_(api), api_given_(api != nullptr) {}
+RdmaTransport::~RdmaTransport() { Stop(); }
+
+TransportCapabilities RdmaTransport::capabilities() const {
+  TransportCapabilities c;
+  c.remote_hosts = true;
+  c.same_host = true;
+  c.memory = {{MemoryType::kHost, MemoryType::kHost}};
+  c.priority = 20;  // before tcp
+  return c;
+}
+
+Status RdmaTransport::Configure(const TransportOptions& options) {
+  cfg_ = RdmaConfig::From(options);
+  return Status::Ok();
+}
+
+Status RdmaTransport::Start(const TransportContext& ctx) {
+  ctx_ = ctx;
+  if (ctx.config && !ctx.options.entries().count("retry_cnt")) cfg_.retry_count = ctx.config->retry_count;
+  std::string why;
+  if (!api_) api_ = LoadVerbsApi(&why);
+  if (!api_) return Status(ErrorCode::kNotImplemented, "cannot load libibverbs: " + why);
+  if (api_->is_fake()) MC_LOG(kWarning) << "rdma: using the FAKE verbs provider (MC_RDMA_FAKE_LIBRARY; tests only)";
+  int n = 0;
+  errno = 0;
+  ibv_device** list = api_->get_device_list(&n);
+  if (!list || n == 0) {
+    std::string text = list ? "" : std::string(" (ibv_get_device_list: ") + strerror(errno) + ")";
+    if (list) api_->free_device_list(list);
+    return Status(ErrorCode::kDeviceNotFound, "no RDMA device" + text);
+  }
+  std::vector<std::string> allow = SplitList(ctx.device_filter);
+  std::string skipped;
+  std::set<std::string> seen;
+  for (int i = 0; i < n; ++i) {
+    std::string name = api_->get_device_name(list[i]);
+    seen.insert(name);
+    if (!allow.empty() && std::find(allow.begin(), allow.end(), name) == allow.end()) {
+      MC_LOG(kInfo) << "rdma: HCA " << name << " skipped: not in the allow-list '" << ctx.device_filter << "'";
+      continue;
+    }
+    auto info = InspectDevice(api_, list[i], cfg_);
+    if (!info.ok()) {
+      MC_LOG(kWarning) << "rdma: " << info.status().message();
+      skipped += (skipped.empty() ? "" : "; ") + info.status().message();
+      continue;
+    }
+    auto nic = RdmaNic::Open(api_, list[i], *info, cfg_);
+    if (!nic.ok()) {
+      MC_LOG(kWarning) << "rdma: " << nic.status().message();
+      skipped += (skipped.empty() ? "" : "; ") + nic.status().message();
+      continue;
+    }
+    MC_LOG(kInfo) << "rdma: using HCA " << info->name << " (GID index " << info->gid_index << " "
+                  << GidText(info->gid) << ", LID " << info->lid << ", " << (info->ethernet ? "RoCE" : "InfiniBand")
+                  << ")";
+    nics_.push_back(std::move(nic.value()));
+  }
+  api_->free_device_list(list);
+  for (const auto& a : allow) {
+    if (!seen.count(a)) MC_LOG(kWarning) << "rdma: the allow-list names '" << a << "', which is not an HCA here";
+  }
+  if (nics_.empty()) {
+    return Status(ErrorCode::kDeviceNotFound,
+                  "no usable RDMA device" + (skipped.empty() ? std::string(" (none admitted by the allow-list)")
+                                                             : ": " + skipped));
+  }
+  chunk_size_ = cfg_.max_mr_size;
+  for (const auto& nic : nics_) {
+    uint64_t m = nic->info().max_mr_size;
+    if (m > 0 && (chunk_size_ == 0 || m < chunk_size_)) chunk_size_ = m;
+  }
+  if (chunk_size_ != 0) chunk_size_ = std::max<uint64_t>(chunk_size_ & ~uint64_t{4095}, 4096);
+  worker_ = std::make_unique<WorkQueue>(1);
+  for (size_t i = 0; i < nics_.size(); ++i) {
+    std::vector<std::shared_ptr<CqBudget>> b;
+    for (size_t c = 0; c < nics_[i]->num_cqs(); ++c) b.push_back(std::make_shared<CqBudget>(cfg_.max_cqe));
+    budgets_.push_back(std::move(b));
+    nics_[i]->Start([this, i](const ibv_wc& wc) { OnCompletion(i, wc); });
+  }
+  responder_ = std::make_unique<Responder>(nics_, cfg_);
+  if (ctx.host) {
+    MC_RETURN_IF_ERROR(ctx.host->RegisterMethod("rdma.connect", [this](const std::string& p) -> StatusOr<std::string> {
+      if (stopping_.load()) return Status(ErrorCode::kContext, "the rdma transport is stopping");
+      return responder_->Connect(p);
+    }));
+    MC_RETURN_IF_ERROR(ctx.host->RegisterMethod("rdma.ready", [this](const std::string& p) -> StatusOr<std::string> {
+      if (stopping_.load()) return Status(ErrorCode::kContext, "the rdma transport is stopping");
+      return responder_->Ready(p);
+    }));
+  }
+  return Status::Ok();
+}
+
+void RdmaTransport::Stop() {
+  if (stopping_.exchange(true)) return;
+  // No new work; the worker finishes what it has (its dispatches see stopping_ and fail their items).
+  if (worker_) worker_->Stop();
+  std::map<std::string, std::shared_ptr<Peer>> peers;
+  {
+    std::lock_guard lock(mu_);
+    peers.swap(peers_);
+  }
+  std::vector<std::unique_ptr<WorkItem>> orphans;
+  auto close_ep = [&](const std::shared_ptr<Endpoint>& ep) {
+    uint32_t qpn = 0;
+    for (auto& item : ep->Close(&qpn)) orphans.push_back(std::move(item));
+  };
+  for (auto& [key, peer] : peers) {
+    for (auto& ep : peer->eps) close_ep(ep);
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [k, ep] : routes_) close_ep(ep);  // endpoints of forgotten peers still draining
+    routes_.clear();
+  }
+  if (responder_) responder_->Clear();
+  for (auto& nic : nics_) nic->Stop();
+  for (auto& item : orphans) {
+    auto job = std::static_pointer_cast<SliceJob>(item->job);
+    FinishPiece(job, Status(ErrorCode::kContext, "the rdma transport stopped"), SliceRetry::kOtherPath);
+  }
+}
+
+std::vector<NicInfo> RdmaTransport::nics() const {
+  std::vector<NicInfo> out;
+  for (const auto& n : nics_) out.push_back(n->info());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------- memory
+
+StatusOr<RegionRegistration> RdmaTransport::RegisterRegion(const MemoryRegion& region) {
+  RegionRegistration r;
+  if (region.kind.type != MemoryType::kHost) {
+    r.declined = true;
+    r.why_declined = "the rdma transport registers host memory only (no dma-buf or peer-memory path yet)";
+    return r;
+  }
+  if (nics_.empty()) return Status(ErrorCode::kContext, "the rdma transport is not started");
+  const int access = IBV_ACCESS_LOCAL_WRITE |
+                     (region.remote_accessible ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ : 0);
+  const uint64_t chunk = chunk_size_ && region.length > chunk_size_ ? chunk_size_ : 0;
+  const size_t chunks = chunk ? static_cast<size_t>((region.length + chunk - 1) / chunk) : 1;
+  auto state = std::make_shared<RdmaRegionState>(api_, region.start, chunk);
+  nlohmann::json lkeys = nlohmann::json::array(), rkeys = nlohmann::json::array();
+  nlohmann::json chunk_rkeys = nlohmann::json::array();
+  for (const auto& nic : nics_) {
+    std::vector<ibv_mr*> mrs;
+    nlohmann::json per_chunk = nlohmann::json::array();
+    for (size_t k = 0; k < chunks; ++k) {
+      uint64_t off = chunk * k;
+      uint64_t len = chunk ? std::min(chunk, region.length - off) : region.length;
+      ibv_mr* mr = api_->reg_mr(nic->pd(), reinterpret_cast<void*>(region.start + off), len, access);
+      if (!mr) {
+        int err = errno;
+        state->Add(nic, std::move(mrs));  // released with the state
+        return Status(ErrorCode::kMemory, "rdma: ibv_reg_mr of " + Range(region.start + off, len) + " on " +
+                                              nic->info().name + ": " + strerror(err));
+      }
+      mrs.push_back(mr);
+      per_chunk.push_back(mr->rkey);
+    }
+    lkeys.push_back(mrs[0]->lkey);
+    rkeys.push_back(mrs[0]->rkey);
+    chunk_rkeys.push_back(std::move(per_chunk));
+    state->Add(nic, std::move(mrs));
+  }
+  if (!Publishes()) {  // the efa transport owns Mooncake's devices/lkey/rkey names in this engine
+    r.state = std::move(state);
+    return r;
+  }
+  r.descriptor_fields["lkey"] = lkeys;
+  if (region.remote_accessible) {
+    r.descriptor_fields["rkey"] = rkeys;
+    if (chunk) {
+      r.descriptor_fields["rdma_chunk_size"] = chunk;
+      r.descriptor_fields["rdma_chunk_rkeys"] = chunk_rkeys;
+    }
+  }
+  r.state = std::move(state);
+  return r;
+}
+
+void RdmaTransport::UnregisterRegion(const MemoryRegion& region) {
+  const MemoryRegion::TransportEntry* e = region.transport("rdma");
+  if (e && e->state) static_cast<const RdmaRegionState*>(e->state.get())->Release();
+}
+
+void RdmaTransport::Describe(nlohmann::json& d) const {
+  if (!Publishes()) return;
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& nic : nics_) {
+    devices.push_back({{"name", nic->info().name}, {"lid", nic->info().lid}, {"gid", GidText(nic->info().gid)}});
+  }
+  if (!devices.empty()) d["devices"] = devices;
+}
+
+// ---------------------------------------------------------------------------------------------- peers
+
+namespace {
+
+// The peer's `devices`, when every entry is an object with a string name, a GID and a 16-bit LID.
+std::optional<std::vector<std::tuple<std::string, ibv_gid, uint16_t>>> PeerDevices(const SegmentDescriptor& d) {
+  auto it = d.json.find("devices");
+  if (it == d.json.end() || !it->is_array() || it->empty() || it->size() > 64) return std::nullopt;
+  std::vector<std::tuple<std::string, ibv_gid, uint16_t>> out;
+  for (const auto& dev : *it) {
+    auto name = JsonString(dev, "name");
+    auto gid = JsonString(dev, "gid");
+    auto lid = BoundedUint(dev, "lid", 0xffff);
+    if (!name || name->empty() || name->size() > 64 || !gid || !lid) return std::nullopt;
+    auto g = ParseGid(*gid);
+    if (!g) return std::nullopt;
+    out.emplace_back(*name, *g, static_cast<uint16_t>(*lid));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool RdmaTransport::CanReach(const SegmentDescriptor& peer) const {
+  return !nics_.empty() && !stopping_.load() && PeerDevices(peer).has_value();
+}
+
+std::shared_ptr<RdmaTransport::Peer> RdmaTransport::PeerFor(const SegmentDescriptor& desc, Status* error) {
+  auto devices = PeerDevices(desc);
+  if (!devices) {
+    *error = Status(ErrorCode::kMalformedJson, "segment '" + desc.name + "' has no usable rdma devices");
+    return nullptr;
+  }
+  const std::string key = JsonString(desc.json, "instance").value_or(desc.name);
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(key);
+  if (it != peers_.end()) {
+    const Peer& old = *it->second;
+    bool same = old.nics.size() == devices->size();
+    for (size_t j = 0; same && j < old.nics.size(); ++j) {
+      same = old.nics[j].name == std::get<0>((*devices)[j]) &&
+             memcmp(old.nics[j].gid.raw, std::get<1>((*devices)[j]).raw, 16) == 0;
+    }
+    if (same) return it->second;
+    // The peer's NICs changed: its old endpoints drain on their own (routes_ keeps them until then).
+  }
+  auto p = std::make_shared<Peer>();
+  p->key = key;
+  p->segment = desc.name;
+  for (const auto& [name, gid, lid] : *devices) p->nics.push_back({name, gid, lid});
+  p->local_count = nics_.size();
+  for (size_t i = 0; i < nics_.size(); ++i) {
+    for (size_t j = 0; j < p->nics.size(); ++j) {
+      size_t cq = nics_[i]->NextCq();
+      p->eps.push_back(std::make_shared<Endpoint>(nics_[i], i, budgets_[i][cq], cq, cfg_,
+                                                  nics_[i]->info().name + "->" + desc.name + "@" + p->nics[j].name));
+    }
+  }
+  peers_[key] = p;
+  return p;
+}
+
+void RdmaTransport::ForgetPeer(const std::string& segment_name) {
+  std::vector<std::shared_ptr<Peer>> gone;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (it->second->segment == segment_name) {
+        gone.push_back(it->second);
+        it = peers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Idle endpoints close now; those with work in flight stay routed, finish it, then close. New work gets
+  // fresh connections.
+  for (const auto& p : gone) {
+    for (size_t pair = 0; pair < p->eps.size(); ++pair) {
+      if (uint32_t qpn = p->eps[pair]->Retire()) Unroute(pair / p->nics.size(), qpn, p->eps[pair].get());
+    }
+  }
+}
+
+void RdmaTransport::Route(size_t nic, uint32_t qpn, const std::shared_ptr<Endpoint>& ep) {
+  std::lock_guard lock(mu_);
+  routes_[(uint64_t{nic} << 32) | qpn] = ep;
+}
+
+void RdmaTransport::Unroute(size_t nic, uint32_t qpn, const Endpoint* ep) {
+  std::lock_guard lock(mu_);
+  auto it = routes_.find((uint64_t{nic} << 32) | qpn);
+  // Only the endpoint's own route: the HCA may have given the QPN to a new QP meanwhile.
+  if (it != routes_.end() && it->second.get() == ep) routes_.erase(it);
+}
+
+StatusOr<QpAddress> RdmaTransport::Handshake(const Peer& peer, size_t peer_nic, const QpAddress& ours) {
+  if (!ctx_.host) return Status(ErrorCode::kContext, "no handshake service");
+  nlohmann::json req = {{"instance", ctx_.instance},   {"segment", ctx_.local_segment_name},
+                        {"local_nic", ours.nic},       {"peer_nic", peer.nics[peer_nic].name},
+                        {"qpn", ours.qpn},             {"psn", ours.psn},
+                        {"gid", GidText(ours.gid)},    {"lid", ours.lid},
+                        {"mtu", ours.mtu}};
+  auto reply = ctx_.host->CallPeer(peer.segment, "rdma.connect", req.dump());
+  if (!reply.ok()) return reply.status();
+  nlohmann::json j = nlohmann::json::parse(*reply, nullptr, /*allow_exceptions=*/false);
+  auto qpn = BoundedUint(j, "qpn", 0xffffff);
+  auto psn = BoundedUint(j, "psn", 0xffffff);
+  auto lid = BoundedUint(j, "lid", 0xffff);
+  auto mtu = BoundedUint(j, "mtu", IBV_MTU_4096);
+  auto gid = JsonString(j, "gid");
+  std::optional<ibv_gid> g = gid ? ParseGid(*gid) : std::nullopt;
+  if (!j.is_object() || !qpn || *qpn == 0 || !psn || !lid || !mtu || *mtu < IBV_MTU_256 || !g) {
+    return Status(ErrorCode::kRejectHandshake, "malformed rdma.connect reply from '" + peer.segment + "'");
+  }
+  QpAddress out;
+  out.nic = peer.nics[peer_nic].name;
+  out.qpn = static_cast<uint32_t>(*qpn);
+  out.psn = static_cast<uint32_t>(*psn);
+  out.lid = static_cast<uint16_t>(*lid);
+  out.mtu = static_cast<int>(*mtu);
+  out.gid = *g;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------- data path
+
+void RdmaTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
+  if (slices.empty()) return;
+  Status error;
+  std::shared_ptr<Peer> peer;
+  if (nics_.empty() || stopping_.load()) {
+    error = Status(ErrorCode::kContext, "the rdma transport is not running");
+  } else {
+    peer = PeerFor(desc, &error);
+  }
+  if (!peer) {
+    for (Slice* s : slices) s->Fail(error, SliceRetry::kOtherPath);
+    return;
+  }
+  std::vector<std::unique_ptr<WorkItem>> items;
+  for (Slice* s : slices) {
+    const BufferDescriptor* buf = desc.FindBuffer(s->remote, s->length);
+    if (!buf) {
+      s->Complete(Status(ErrorCode::kAddressNotRegistered,
+                         "range " + Range(s->remote, s->length) + " is not inside a buffer of '" + desc.name + "'"));
+      continue;
+    }
+    auto job = std::make_shared<SliceJob>();
+    job->slice = s;
+    job->peer = peer;
+    job->remote_base = buf->addr;
+    // rkey[] (one per device), or the chunk table of a chunked registration; checked whole before any use.
+    const size_t devs = peer->nics.size();
+    bool keys_ok = true;
+    auto chunk = JsonUint(buf->json, "rdma_chunk_size");
+    if (chunk) {
+      auto table = buf->json.find("rdma_chunk_rkeys");
+      const uint64_t chunks = *chunk ? (buf->length + *chunk - 1) / *chunk : 0;
+      keys_ok = *chunk >= 4096 && table != buf->json.end() && table->is_array() && table->size() == devs &&
+                chunks > 0 && chunks <= (1u << 20);
+      for (size_t j = 0; keys_ok && j < devs; ++j) {
+        const auto& row = (*table)[j];
+        keys_ok = row.is_array() && row.size() == chunks;
+        std::vector<uint32_t> keys;
+        for (size_t k = 0; keys_ok && k < chunks; ++k) {
+          auto key = Key32(row[k]);
+          keys_ok = key.has_value();
+          if (key) keys.push_back(*key);
+        }
+        job->rkeys.push_back(std::move(keys));
+      }
+      job->remote_chunk = *chunk;
+    } else {
+      auto rk = buf->json.find("rkey");
+      keys_ok = rk != buf->json.end() && rk->is_array() && rk->size() == devs;
+      for (size_t j = 0; keys_ok && j < devs; ++j) {
+        auto key = Key32((*rk)[j]);
+        keys_ok = key.has_value();
+        if (key) job->rkeys.push_back({*key});
+      }
+    }
+    if (!keys_ok) {
+      s->Fail(Status(ErrorCode::kRemoteRejected, "buffer " + Range(buf->addr, buf->length) + " of '" + desc.name +
+                                                     "' has no usable rdma keys"),
+              SliceRetry::kOtherPath);
+      continue;
+    }
+    job->pin = ctx_.memory->Find(reinterpret_cast<uint64_t>(s->local), s->length, /*remote=*/false);
+    const MemoryRegion::TransportEntry* entry = job->pin ? job->pin->transport("rdma") : nullptr;
+    job->local = entry && entry->state ? static_cast<const RdmaRegionState*>(entry->state.get()) : nullptr;
+    if (!job->local) {
+      s->Fail(Status(ErrorCode::kAddressNotRegistered, "local range " +
+                                                           Range(reinterpret_cast<uint64_t>(s->local), s->length) +
+                                                           " is not registered with rdma"),
+              SliceRetry::kOtherPath);
+      continue;
+    }
+    // Pieces: cut where a local or a remote registration chunk ends.
+    std::vector<std::unique_ptr<WorkItem>> pieces;
+    uint64_t local = reinterpret_cast<uint64_t>(s->local), remote = s->remote, left = s->length;
+    while (left > 0) {
+      uint64_t n = std::min<uint64_t>(left, 1ULL << 30);
+      if (job->local->chunk()) {
+        uint64_t off = (local - job->local->start()) % job->local->chunk();
+        n = std::min(n, job->local->chunk() - off);
+      }
+      if (job->remote_chunk) n = std::min(n, job->remote_chunk - (remote - job->remote_base) % job->remote_chunk);
+      auto item = std::make_unique<WorkItem>();
+      item->local = local;
+      item->remote = remote;
+      item->length = static_cast<uint32_t>(n);
+      item->read = s->opcode == OpCode::kRead;
+      item->job = job;
+      pieces.push_back(std::move(item));
+      local += n;
+      remote += n;
+      left -= n;
+    }
+    job->remaining.store(static_cast<int>(pieces.size()));
+    if (pieces.empty()) {
+      s->Complete(Status::Ok());
+      continue;
+    }
+    for (auto& p : pieces) items.push_back(std::move(p));
+  }
+  if (!items.empty()) Dispatch(peer, std::move(items), /*retry=*/false);
+}
+
+bool RdmaTransport::SetKeys(const Peer& peer, WorkItem& item, size_t pair) const {
+  auto job = std::static_pointer_cast<SliceJob>(item.job);
+  const size_t i = pair / peer.nics.size(), j = pair % peer.nics.size();
+  auto lkey = job->local->Lkey(i, item.local);
+  size_t k = job->remote_chunk ? static_cast<size_t>((item.remote - job->remote_base) / job->remote_chunk) : 0;
+  if (!lkey || j >= job->rkeys.size() || k >= job->rkeys[j].size()) return false;
+  item.lkey = *lkey;
+  item.rkey = job->rkeys[j][k];
+  item.pair = pair;
+  return true;
+}
+
+void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std::unique_ptr<WorkItem>> items,
+                             bool retry) {
+  const size_t pairs = peer->pairs();
+  const size_t npeer = peer->nics.size();
+  std::vector<bool> excluded(pairs, false);
+  Status last = Status(ErrorCode::kPeerUnreachable, "no usable NIC pair to '" + peer->segment + "'");
+  bool handshake_failed = false;
+  while (!items.empty()) {
+    if (stopping_.load()) {
+      last = Status(ErrorCode::kContext, "the rdma transport stopped");
+      break;
+    }
+    std::map<size_t, std::vector<std::unique_ptr<WorkItem>>> groups;
+    std::vector<std::unique_ptr<WorkItem>> unplaced;
+    // Striping: each local NIC with its rail (the peer NIC of the same index) while usable; an item goes to the
+    // rail that would finish it first: (bytes queued there + its own) / the rail's measured throughput (the
+    // mean of the measured ones while a rail has none yet). Ties go round robin.
+    std::vector<double> queued(pairs, 0), rate(pairs, 0);
+    std::vector<bool> usable(pairs, false);
+    double known = 0;
+    int measured = 0;
+    for (size_t p = 0; p < pairs; ++p) {
+      usable[p] = !excluded[p] && peer->ep(p)->Usable();
+      if (!usable[p]) continue;
+      queued[p] = static_cast<double>(peer->ep(p)->load()) * static_cast<double>(cfg_.slice_size);
+      rate[p] = peer->ep(p)->rate();
+      if (rate[p] > 0) {
+        known += rate[p];
+        measured++;
+      }
+    }
+    const double fallback_rate = measured ? known / measured : 1.0;
+    for (size_t p = 0; p < pairs; ++p) {
+      if (rate[p] <= 0) rate[p] = fallback_rate;
+    }
+    for (auto& item : items) {
+      const size_t start = static_cast<size_t>(peer->next.fetch_add(1) % peer->local_count);
+      std::optional<size_t> chosen;
+      double best = 0;
+      for (size_t step = 0; step < peer->local_count; ++step) {  // rails first
+        const size_t local = (start + step) % peer->local_count;
+        const size_t p = local * npeer + local % npeer;
+        if (!usable[p] || (retry && p == item->pair)) continue;
+        const double finish = (queued[p] + item->length) / rate[p];
+        if (!chosen || finish < best) {
+          chosen = p;
+          best = finish;
+        }
+      }
+      for (size_t step = 0; step < pairs && !chosen; ++step) {  // then any other pair
+        const size_t p = (start * npeer + step) % pairs;
+        if (usable[p] && !(retry && p == item->pair)) chosen = p;
+      }
+      if (!chosen && retry && item->pair < pairs && usable[item->pair]) chosen = item->pair;  // the only one left
+      if (chosen) queued[*chosen] += item->length;
+      if (!chosen || !SetKeys(*peer, *item, *chosen)) {
+        unplaced.push_back(std::move(item));
+        continue;
+      }
+      groups[*chosen].push_back(std::move(item));
+    }
+    items.clear();
+    for (auto& [pair, group] : groups) {
+      const std::shared_ptr<Endpoint>& ep = peer->ep(pair);
+      const size_t i = pair / npeer, j = pair % npeer;
+      Status st = ep->EnsureConnected(
+          [&](const QpAddress& ours) { return Handshake(*peer, j, ours); },
+          [&](uint32_t qpn) {
+            Route(i, qpn, ep);
+            if (!ctx_.host) return;
+            nlohmann::json ready = {{"instance", ctx_.instance},
+                                    {"local_nic", nics_[i]->info().name},
+                                    {"peer_nic", peer->nics[j].name},
+                                    {"qpn", qpn}};
+            auto r = ctx_.host->CallPeer(peer->segment, "rdma.ready", ready.dump());
+            if (!r.ok()) MC_LOG(kDebug) << "rdma: rdma.ready to '" << peer->segment << "': " << r.status().message();
+          });
+      std::vector<std::unique_ptr<WorkItem>> flushed;
+      if (st.ok() && ep->Enqueue(group, &flushed)) {
+        if (!flushed.empty()) excluded[pair] = true;  // posting failed: the endpoint is down now
+        for (auto& f : flushed) items.push_back(std::move(f));
+        continue;
+      }
+      if (!st.ok()) {
+        last = st;
+        handshake_failed = st.code() != ErrorCode::kEndpoint;
+      }
+      excluded[pair] = true;
+      for (auto& g : group) items.push_back(std::move(g));
+    }
+    if (!unplaced.empty()) {
+      for (auto& u : unplaced) {
+        FinishPiece(std::static_pointer_cast<SliceJob>(u->job), last,
+                    handshake_failed ? SliceRetry::kRefreshPeer : SliceRetry::kOtherPath);
+      }
+    }
+  }
+  for (auto& item : items) {
+    FinishPiece(std::static_pointer_cast<SliceJob>(item->job), last, SliceRetry::kOtherPath);
+  }
+}
+
+void RdmaTransport::OnCompletion(size_t nic, const ibv_wc& wc) {
+  std::shared_ptr<Endpoint> ep;
+  {
+    std::lock_guard lock(mu_);
+    auto it = routes_.find((uint64_t{nic} << 32) | wc.qp_num);
+    if (it != routes_.end()) ep = it->second;
+  }
+  if (!ep) return;  // a QP already closed (Stop claimed its work)
+  Endpoint::Completed c = ep->OnCompletion(wc);
+  if (c.destroyed_qpn) Unroute(nic, c.destroyed_qpn, ep.get());
+  if (c.item) {
+    if (wc.status == IBV_WC_SUCCESS) {
+      FinishPiece(std::static_pointer_cast<SliceJob>(c.item->job), Status::Ok(), SliceRetry::kFinal);
+    } else {
+      std::string text = std::string(api_->wc_status_str(wc.status)) + " (" + std::to_string(wc.status) + ")";
+      ItemFailed(std::move(c.item), Status(ErrorCode::kEndpoint, ep->label() + ": " + text),
+                 wc.status == IBV_WC_REM_ACCESS_ERR);
+    }
+  }
+  for (auto& f : c.flushed) {
+    ItemFailed(std::move(f), Status(ErrorCode::kEndpoint, ep->label() + " failed before posting"), false);
+  }
+  // Room on a CQ that was full: endpoints of every peer sharing this NIC may post what waits.
+  bool starved = false;
+  for (const auto& b : budgets_[nic]) starved = b->starved.exchange(false) || starved;
+  if (!starved) return;
+  std::vector<std::shared_ptr<Endpoint>> kick;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, e] : routes_) {
+      if ((key >> 32) == nic) kick.push_back(e);
+    }
+  }
+  for (auto& e : kick) {
+    std::vector<std::unique_ptr<WorkItem>> flushed;
+    e->Kick(&flushed);
+    for (auto& f : flushed) {
+      ItemFailed(std::move(f), Status(ErrorCode::kEndpoint, e->label() + " failed before posting"), false);
+    }
+  }
+}
+
+void RdmaTransport::ItemFailed(std::unique_ptr<WorkItem> item, const Status& status, bool remote_access) {
+  auto job = std::static_pointer_cast<SliceJob>(item->job);
+  if (remote_access) {
+    // The peer's HCA refused the key or range: it withdrew the memory since its descriptor was fetched.
+    FinishPiece(job, Status(ErrorCode::kRemoteRejected, status.message() + " (the peer refused the range)"),
+                SliceRetry::kRefreshPeer);
+    return;
+  }
+  bool again;
+  {
+    std::lock_guard lock(job->mu);
+    again = static_cast<int>(job->slice->attempts) < cfg_.retry_count && !stopping_.load();
+    if (again) job->slice->attempts++;
+  }
+  if (!again) {
+    FinishPiece(job, status, SliceRetry::kOtherPath);
+    return;
+  }
+  job->peer->retries++;
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(job->peer->key);
+    peer = it != peers_.end() ? it->second : job->peer;
+  }
+  // On the worker: a retry may need a handshake, which must not run on a polling thread.
+  auto shared = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
+  bool posted = worker_ && worker_->Post([this, peer, shared] {
+    std::vector<std::unique_ptr<WorkItem>> one;
+    one.push_back(std::move(*shared));
+    Dispatch(peer, std::move(one), /*retry=*/true);
+  });
+  if (!posted && *shared) {
+    FinishPiece(std::static_pointer_cast<SliceJob>((*shared)->job), status, SliceRetry::kOtherPath);
+  }
+}
+
+void RdmaTransport::FinishPiece(const std::shared_ptr<SliceJob>& job, const Status& status, SliceRetry retry) {
+  if (!status.ok()) {
+    std::lock_guard lock(job->mu);
+    if (job->error.ok()) {
+      job->error = status;
+      job->retry = retry;
+    }
+  }
+  if (job->remaining.fetch_sub(1) != 1) return;
+  Slice* s = job->slice;
+  Status error;
+  SliceRetry how;
+  {
+    std::lock_guard lock(job->mu);
+    error = job->error;
+    how = job->retry;
+  }
+  if (error.ok()) {
+    job->peer->bytes += s->length;
+    job->peer->slices++;
+    s->Complete(Status::Ok());
+  } else {
+    job->peer->errors++;
+    if (how == SliceRetry::kFinal) {
+      s->Complete(error);
+    } else {
+      s->Fail(error, how);
+    }
+  }
+}
+
+nlohmann::json RdmaTransport::Stats() const {
+  nlohmann::json out = nlohmann::json::object();
+  std::lock_guard lock(mu_);
+  for (const auto& [key, p] : peers_) {
+    nlohmann::json paths = nlohmann::json::object();
+    for (size_t pair = 0; pair < p->eps.size(); ++pair) {
+      const Endpoint& e = *p->eps[pair];
+      paths[e.label()] = {{"state", e.StateText()},
+                          {"failures", e.failures()},
+                          {"bytes", e.bytes()},
+                          {"mbps", static_cast<uint64_t>(e.rate() / 1e6)}};
+    }
+    out[p->segment] = {{"bytes", p->bytes.load()},
+                       {"slices", p->slices.load()},
+                       {"errors", p->errors.load()},
+                       {"retries", p->retries.load()},
+                       {"paths", paths}};
+  }
+  return out;
+}
+
+MC_TRANSPORT_PLUGIN("rdma", RdmaTransport, {"rdma"}, "", ProbeRdma);
+
+}  // namespace mooncake::te::rdma

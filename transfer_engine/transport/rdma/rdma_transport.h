@@ -1,0 +1,105 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transfer_engine/common/work_queue.h"
+#include "transfer_engine/transport/rdma/rdma_config.h"
+#include "transfer_engine/transport/rdma/rdma_endpoint.h"
+#include "transfer_engine/transport/rdma/rdma_nic.h"
+#include "transfer_engine/transport/rdma/rdma_responder.h"
+#include "transfer_engine/transport/rdma/verbs_api.h"
+#include "transfer_engine/transport/transport.h"
+
+namespace mooncake::te::rdma {
+
+/// RDMA WRITE / READ over ibverbs RC queue pairs (RoCE, InfiniBand). libibverbs is dlopen'ed (verbs_api.h).
+///
+/// NICs: every HCA the allow-list (device_name, else MC_TE_FILTERS) admits and InspectDevice accepts, each with
+/// its own context, PD, CQs and polling threads (rdma_nic.h); skipped HCAs are logged with the reason.
+/// Memory: every host registration is registered on every NIC, in chunks of at most the smallest max_mr_size
+/// (or MC_MAX_MR_SIZE); the buffer's descriptor entry gets Mooncake's `lkey[]`/`rkey[]` (indexed like
+/// `devices`, first chunk) and, for a chunked region, `rdma_chunk_size` and `rdma_chunk_rkeys[device][chunk]`.
+/// The segment descriptor gets `devices: [{name, lid, gid}]`.
+/// Connections: one RC QP per (local NIC, peer NIC), made on first use through the handshake methods
+/// "rdma.connect" (QPN, PSN, GID, LID, MTU each way; the passive end is RTS before it replies) and
+/// "rdma.ready". Slices are cut at registration-chunk boundaries, striped over the rails (local NIC i with peer
+/// NIC i) by expected finish time (bytes queued / measured throughput), other pairs only when no rail is usable,
+/// and posted with at most MC_MAX_WR in flight per QP.
+/// Errors: an error completion fails only its endpoint (backoff, doubling to MC_RDMA_RAIL_PAUSE_SECONDS); its
+/// work moves to another NIC pair, at most MC_RETRY_CNT times per slice, then the slice fails with kOtherPath;
+/// IBV_WC_REM_ACCESS_ERR (the peer no longer registers the range) fails with kRemoteRejected and kRefreshPeer.
+/// Every remote range is checked against the peer's descriptor before posting; every descriptor and handshake
+/// field from a peer is validated.
+/// Threading: Submit from any thread (it may block for a handshake); completions on the NICs' polling threads;
+/// retries and reconnections on the transport's own worker thread.
+class RdmaTransport : public Transport {
+ public:
+  RdmaTransport();
+  /// With a given verbs table (tests); LoadVerbsApi() otherwise.
+  explicit RdmaTransport(const VerbsApi* api);
+  ~RdmaTransport() override;
+
+  std::string name() const override { return "rdma"; }
+  TransportCapabilities capabilities() const override;
+  Status Configure(const TransportOptions& options) override;
+  Status Start(const TransportContext& ctx) override;
+  void Stop() override;
+  StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
+  void UnregisterRegion(const MemoryRegion& region) override;
+  void Describe(nlohmann::json& descriptor) const override;
+  bool CanReach(const SegmentDescriptor& peer) const override;
+  /// Whether this engine's descriptor carries rdma's fields. Mooncake names them `devices`, `lkey[]`, `rkey[]`
+  /// for rdma and for efa alike; an engine publishing protocol "efa" gives those names to the efa transport, so
+  /// rdma then only initiates (peers cannot target this engine over rdma).
+  bool Publishes() const { return ctx_.protocol != "efa"; }
+  void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
+  void ForgetPeer(const std::string& segment_name) override;
+  size_t slice_size() const override { return cfg_.slice_size; }
+  nlohmann::json Stats() const override;
+
+  /// The NICs in use (for logs and tests).
+  std::vector<NicInfo> nics() const;
+
+ private:
+  struct Peer;
+  struct SliceJob;
+
+  std::shared_ptr<Peer> PeerFor(const SegmentDescriptor& desc, Status* error);
+  void Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std::unique_ptr<WorkItem>> items, bool retry);
+  bool SetKeys(const Peer& peer, WorkItem& item, size_t pair) const;
+  StatusOr<QpAddress> Handshake(const Peer& peer, size_t peer_nic, const QpAddress& ours);
+  void OnCompletion(size_t nic, const ibv_wc& wc);
+  void Route(size_t nic, uint32_t qpn, const std::shared_ptr<Endpoint>& ep);
+  void Unroute(size_t nic, uint32_t qpn, const Endpoint* ep);
+  void ItemFailed(std::unique_ptr<WorkItem> item, const Status& status, bool remote_access);
+  void FinishPiece(const std::shared_ptr<SliceJob>& job, const Status& status, SliceRetry retry);
+
+  const VerbsApi* api_ = nullptr;
+  bool api_given_ = false;
+  RdmaConfig cfg_;
+  TransportContext ctx_;
+  std::vector<std::shared_ptr<RdmaNic>> nics_;
+  std::vector<std::vector<std::shared_ptr<CqBudget>>> budgets_;  // [nic][cq]
+  uint64_t chunk_size_ = 0;  // registration chunk; 0: unlimited
+  std::unique_ptr<WorkQueue> worker_;  // retries and their reconnections
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex mu_;  // guards peers_, routes_
+  std::map<std::string, std::shared_ptr<Peer>> peers_;  // by the peer's instance id (else its name)
+  std::unordered_map<uint64_t, std::shared_ptr<Endpoint>> routes_;  // (nic << 32 | qpn) -> endpoint
+  std::unique_ptr<Responder> responder_;  // the passive end of "rdma.connect"
+};
+
+/// Whether libibverbs loads and shows a usable HCA ("no RDMA device" here), and what device memory paths exist.
+TransportProbe ProbeRdma();
+
+}  // namespace mooncake::te::rdma
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_TRANSPORT_H_

@@ -1,0 +1,64 @@
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_TESTING_FAKE_VERBS_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_TESTING_FAKE_VERBS_H_
+
+// A FAKE verbs provider for tests without an RDMA NIC: a VerbsApi table (../verbs_api.h) with RC semantics
+// between processes of one machine. Never used unless a test selects it (MC_RDMA_FAKE_LIBRARY names the
+// libfake_ibverbs.so built from this folder, or a test calls FakeVerbs()).
+//
+// Configuration, read from the environment at the first call of get_device_list:
+//   MC_RDMA_FAKE_STATE    a directory shared by every process of the fake "fabric" (required: without it
+//                         get_device_list fails with ENOSYS, as libibverbs does on a host without RDMA);
+//   MC_RDMA_FAKE_HOST     this process's fake host (default "host0"); devices are named per host;
+//   MC_RDMA_FAKE_DEVICES  the devices: comma-separated `name[:opt]...` with opts `netdev=<ifname>` (the port is
+//                         ACTIVE only while that interface has carrier; its IPv4 address gives the RoCEv2 GID),
+//                         `ib` (InfiniBand link layer, a LID, one GID), `down` (port DOWN), `nogid` (empty GID
+//                         table), `switch` (node type switch), `max_mr=<bytes>` (max_mr_size), `mbps=<MB/s>`
+//                         (an emulated link rate: the worker sleeps after each WR);
+//                         default "fake_mlx5_0,fake_mlx5_1";
+//   MC_RDMA_FAKE_RETRY_MS how long a WR keeps retrying an unreachable peer before IBV_WC_RETRY_EXC_ERR (500).
+//
+// Semantics: devices with one port; PDs; MRs with lkey == rkey and access flags; CQs with completion channels
+// whose fd (a pipe) becomes readable once a completion arrives on an armed CQ; RC QPs with the state machine
+// RESET -> INIT -> RTR -> RTS (ERR and RESET from any state) and the required attribute masks checked;
+// IBV_WR_RDMA_WRITE and IBV_WR_RDMA_READ (nothing else) with up to max_send_wr in flight, executed in order by
+// one thread per context with process_vm_writev/readv into the peer process. The responder side checks that
+// the destination QP exists, is RTR/RTS, is connected back to the requester, owns the destination GID, and that
+// the rkey names one of its MRs in the QP's PD with the right remote access covering the range
+// (IBV_WC_REM_ACCESS_ERR otherwise). Local SGEs are checked against local MRs (IBV_WC_LOC_PROT_ERR). Any error
+// completion moves the QP to ERR; WRs behind it complete with IBV_WC_WR_FLUSH_ERR. An unreachable peer (port
+// down, link without carrier, QP or process gone) is retried for MC_RDMA_FAKE_RETRY_MS, then
+// IBV_WC_RETRY_EXC_ERR.
+//
+// Shared state under MC_RDMA_FAKE_STATE: qp/<qpn> (one line per QP: owner pid, state, peer, PD, host, device,
+// GIDs), mr/<pid> (the MRs of a process), port/<host>.<device> (the port state as the device's own process sees
+// it, refreshed every 20 ms: a responder whose link is down is unreachable), fault/<host>.<device> (fault
+// injection, below). Files are replaced
+// atomically (write + rename). QP numbers are unique across the state directory.
+//
+// Not covered: SEND/RECV and immediate data, atomics, SRQ, UD/UC, async events, CQ overflow, memory windows,
+// dma-buf MRs, PSN and packet-level behaviour, more than one port.
+
+#include <string>
+
+#include "transfer_engine/transport/rdma/verbs_api.h"
+
+namespace mooncake::te::rdma::fake {
+
+/// The fake provider's table (the same one libfake_ibverbs.so exports).
+const VerbsApi* FakeVerbs();
+
+/// Fault injection for device `device` of fake host `host`, seen by every process of the state directory:
+/// the words of `faults` (replacing the previous ones, "" clears):
+///   port_down        the port is DOWN (query_port), and WRs to or from it time out (IBV_WC_RETRY_EXC_ERR);
+///   wc_error[=N]     every WR completes with status N (default IBV_WC_RETRY_EXC_ERR) at once;
+///   qp_error=G       once per new generation G, every QP of the device (in every process) moves to ERR.
+/// Returns false (with errno) when the file cannot be written.
+bool SetFault(const std::string& state_dir, const std::string& host, const std::string& device,
+              const std::string& faults);
+
+/// How many WRs this process's fake devices executed (successful or not), for tests.
+unsigned long long ExecutedWorkRequests();
+
+}  // namespace mooncake::te::rdma::fake
+
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_TESTING_FAKE_VERBS_H_
