@@ -45,6 +45,10 @@ StatusOr<std::shared_ptr<OpenFile>> OpenFile::Open(const std::string& path, bool
     int dfd = open(path.c_str(), flags | O_DIRECT);
     if (dfd >= 0) {
       f->direct_fd_ = dfd;
+      // The buffered descriptor now serves only the partial blocks at the edges of unaligned requests. Its
+      // readahead would pull neighbouring blocks into the page cache while O_DIRECT writes to them are in flight,
+      // and a page the kernel fails to invalidate after such a write would later read stale: no readahead here.
+      (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
       DioAlignment a = QueryDioAlignment(dfd);
       if (a.memory == 0 || a.offset == 0) {
         // No report: tmpfs (which enforces nothing) or an older kernel (assume the common block size).

@@ -1,5 +1,7 @@
 #include "transfer_engine/transport/nvlink_intra/nvlink_intra_transport.h"
 
+#include <unistd.h>
+
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -138,9 +140,32 @@ bool NvlinkIntraTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Co
     return fail(Status(ErrorCode::kAddressNotRegistered, "nvlink_intra: " + Range(s->remote, s->length) +
                                                              " is not inside a buffer of '" + peer.name + "'"));
   }
-  auto mapping = cache_->Get(peer, *buf);
-  if (!mapping.ok()) return fail(mapping.status());
-  char* remote = (*mapping)->base() + (s->remote - buf->addr);
+  // A peer in this very process (same host id, hence PID namespace, and same pid) has device pointers that are
+  // ours. CUDA refuses to import an IPC handle in the process that exported it: then copy directly (remembered
+  // per peer, so the import is tried once). The emulation imports its own handles, so tests map as across
+  // processes.
+  const bool same_process = JsonInt(peer.json, "pid").value_or(0) == getpid();
+  std::shared_ptr<PeerMapping> mapped;
+  char* remote = reinterpret_cast<char*>(s->remote);
+  bool direct = false;
+  if (same_process) {
+    std::lock_guard lock(stats_mu_);
+    direct = same_process_direct_.count(peer.name) != 0;
+  }
+  if (!direct) {
+    auto mapping = cache_->Get(peer, *buf);
+    if (mapping.ok()) {
+      mapped = std::move(mapping.value());
+      remote = mapped->base() + (s->remote - buf->addr);
+    } else if (same_process) {
+      MC_LOG(kInfo) << "nvlink_intra: '" << peer.name << "' is in this process and its handles do not import ("
+                    << mapping.status().message() << "); copying directly";
+      std::lock_guard lock(stats_mu_);
+      same_process_direct_.insert(peer.name);
+    } else {
+      return fail(mapping.status());
+    }
+  }
   void* dst = s->opcode == OpCode::kWrite ? static_cast<void*>(remote) : static_cast<void*>(s->local);
   const void* src = s->opcode == OpCode::kWrite ? static_cast<const void*>(s->local) : remote;
   // On the local buffer's device (its context and stream), not the one the destination pointer names.
@@ -149,7 +174,7 @@ bool NvlinkIntraTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Co
   if (!started.ok()) {
     return fail(Status(started.status().code(), "nvlink_intra: copy did not start: " + started.status().message()));
   }
-  *out = Copy{std::move(started.value()), s, std::move(mapping.value()), peer.name};
+  *out = Copy{std::move(started.value()), s, std::move(mapped), peer.name};
   return true;
 }
 

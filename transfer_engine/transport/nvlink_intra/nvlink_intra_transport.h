@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +99,7 @@ class NvlinkIntraTransport : public Transport {
     uint64_t bytes = 0, slices = 0, errors = 0;
   };
   mutable std::mutex stats_mu_;
+  std::set<std::string> same_process_direct_;  // peers of this process whose handles do not import (stats_mu_)
   std::map<std::string, Counters> stats_;  // by peer segment
 };
 

@@ -46,6 +46,8 @@ ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg) {
   return nic.api()->create_qp(nic.pd(), &init);
 }
 
+int AdvertisedMtu(const NicInfo& nic, const RdmaConfig& cfg) { return std::min(nic.active_mtu, MtuEnum(cfg.mtu)); }
+
 Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const QpAddress& peer, uint32_t local_psn,
                  const RdmaConfig& cfg) {
   ibv_qp_attr a{};
@@ -58,7 +60,7 @@ Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const Qp
   }
   a = {};
   a.qp_state = IBV_QPS_RTR;
-  int mtu = std::min({local.active_mtu, peer.mtu, MtuEnum(cfg.mtu)});
+  int mtu = std::min(AdvertisedMtu(local, cfg), peer.mtu);
   a.path_mtu = static_cast<ibv_mtu>(std::max(mtu, static_cast<int>(IBV_MTU_256)));
   a.dest_qp_num = peer.qpn;
   a.rq_psn = peer.psn;
@@ -85,7 +87,9 @@ Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const Qp
   a.retry_cnt = static_cast<uint8_t>(cfg.qp_retry_cnt);
   a.rnr_retry = 7;
   a.sq_psn = local_psn;
-  a.max_rd_atomic = static_cast<uint8_t>(local.max_init_rd_atom);
+  // READs in flight as a requester: never more than the peer serves as a responder.
+  a.max_rd_atomic = static_cast<uint8_t>(peer.rd_atom > 0 ? std::min(local.max_init_rd_atom, peer.rd_atom)
+                                                          : local.max_init_rd_atom);
   if (int rc = api->modify_qp(qp, &a,
                               IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                   IBV_QP_MAX_QP_RD_ATOMIC)) {
@@ -142,7 +146,8 @@ Status Endpoint::EnsureConnected(const Handshake& handshake, const std::function
   ours.psn = RandomPsn();
   ours.gid = nic_->info().gid;
   ours.lid = nic_->info().lid;
-  ours.mtu = nic_->info().active_mtu;
+  ours.mtu = AdvertisedMtu(nic_->info(), cfg_);
+  ours.rd_atom = nic_->info().max_rd_atom;
   auto peer = handshake(ours);
   Status st = peer.ok() ? ConnectQp(api, qp, nic_->info(), *peer, ours.psn, cfg_) : peer.status();
   if (!st.ok()) {
@@ -216,14 +221,15 @@ void Endpoint::PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed) {
   }
 }
 
-void Endpoint::FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out) {
+void Endpoint::FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out, bool path_fault) {
   if (state_ != State::kConnected) return;
   state_ = State::kFailed;
   why_ = why;
-  consecutive_failures_++;
   total_failures_++;
-  auto delay = std::chrono::duration_cast<std::chrono::milliseconds>(
-      cfg_.backoff * (1LL << std::min(consecutive_failures_ - 1, 20)));
+  if (path_fault) consecutive_failures_++;
+  auto delay = path_fault ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                                cfg_.backoff * (1LL << std::min(consecutive_failures_ - 1, 20)))
+                          : std::chrono::milliseconds(0);
   retry_after_ = Clock::now() + std::min(delay, std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.rail_pause));
   for (auto& w : waiting_) out->push_back(std::move(w));
   waiting_.clear();
@@ -263,7 +269,7 @@ Endpoint::Completed Endpoint::OnCompletion(const ibv_wc& wc) {
     if (state_ == State::kConnected) consecutive_failures_ = 0;
   } else if (state_ == State::kConnected) {
     FailLocked(std::string(nic_->api()->wc_status_str(wc.status)) + " (" + std::to_string(wc.status) + ")",
-               &out.flushed);
+               &out.flushed, /*path_fault=*/wc.status != IBV_WC_REM_ACCESS_ERR);
     out.failed_now = true;
   }
   if (state_ == State::kConnected) PostLocked(&out.flushed);

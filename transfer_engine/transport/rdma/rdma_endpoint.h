@@ -37,8 +37,14 @@ struct QpAddress {
   uint32_t psn = 0;
   ibv_gid gid{};
   uint16_t lid = 0;
-  int mtu = 0;  ///< IBV_MTU_*
+  int mtu = 0;  ///< IBV_MTU_*: the sender's active MTU capped by its MC_MTU (AdvertisedMtu)
+  /// RDMA READs the sender serves at once as a responder (its max_qp_rd_atom); 0: not sent (an older peer).
+  int rd_atom = 0;
 };
+
+/// The MTU this end advertises in a handshake: the port's active MTU capped by MC_MTU. Both ends then take the
+/// minimum of their own and the peer's value, so their QPs agree on the path MTU (RC needs the same on both).
+int AdvertisedMtu(const NicInfo& nic, const RdmaConfig& cfg);
 
 /// Work requests in flight on one CQ, bounded by its size (shared by the endpoints using that CQ).
 struct CqBudget {
@@ -121,7 +127,10 @@ class Endpoint {
  private:
   enum class State { kIdle, kConnected, kFailed };
   void PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed);
-  void FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out);
+  /// The QP failed: its waiting work goes to `out`, work in flight comes back flushed. `path_fault`: the path
+  /// itself is suspect (backoff before reconnecting); false for a peer's refusal of a range (a remote access
+  /// error after it unregistered memory: routine, so the endpoint reconnects at once).
+  void FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out, bool path_fault = true);
   uint32_t DestroyQpLocked();
 
   std::shared_ptr<RdmaNic> nic_;

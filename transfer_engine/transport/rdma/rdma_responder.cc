@@ -100,6 +100,8 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
   peer.gid = *g;
   peer.lid = static_cast<uint16_t>(*lid);
   peer.mtu = static_cast<int>(*mtu);
+  auto rd_atom = BoundedUint(j, "rd_atom", 255);  // absent from older peers
+  peer.rd_atom = rd_atom ? static_cast<int>(*rd_atom) : 0;
   thread_local std::mt19937 rng(std::random_device{}());
   const uint32_t our_psn = rng() & 0xffffff;
   MC_RETURN_IF_ERROR(ConnectQp(nic->api(), e->qp, nic->info(), peer, our_psn, cfg_));
@@ -108,7 +110,8 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
                             {"psn", our_psn},
                             {"gid", GidText(nic->info().gid)},
                             {"lid", nic->info().lid},
-                            {"mtu", nic->info().active_mtu}}
+                            {"mtu", AdvertisedMtu(nic->info(), cfg_)},
+                            {"rd_atom", nic->info().max_rd_atom}}
                  .dump();
   std::string reply = e->reply;
   entries_[key] = std::move(e);  // replaces (destroys) an older QP of the same key: the peer reconnected

@@ -481,7 +481,7 @@ StatusOr<QpAddress> RdmaTransport::Handshake(const Peer& peer, size_t peer_nic, 
                         {"local_nic", ours.nic},       {"peer_nic", peer.nics[peer_nic].name},
                         {"qpn", ours.qpn},             {"psn", ours.psn},
                         {"gid", GidText(ours.gid)},    {"lid", ours.lid},
-                        {"mtu", ours.mtu}};
+                        {"mtu", ours.mtu},             {"rd_atom", ours.rd_atom}};
   auto reply = ctx_.host->CallPeer(peer.segment, "rdma.connect", req.dump());
   if (!reply.ok()) return reply.status();
   nlohmann::json j = nlohmann::json::parse(*reply, nullptr, /*allow_exceptions=*/false);
@@ -500,6 +500,8 @@ StatusOr<QpAddress> RdmaTransport::Handshake(const Peer& peer, size_t peer_nic, 
   out.psn = static_cast<uint32_t>(*psn);
   out.lid = static_cast<uint16_t>(*lid);
   out.mtu = static_cast<int>(*mtu);
+  auto rd_atom = BoundedUint(j, "rd_atom", 255);
+  out.rd_atom = rd_atom ? static_cast<int>(*rd_atom) : 0;
   out.gid = *g;
   return out;
 }

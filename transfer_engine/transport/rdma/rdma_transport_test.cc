@@ -199,9 +199,16 @@ TEST_F(RdmaTransportTest, ConnectRequestsAreValidated) {
   nlohmann::json j = nlohmann::json::parse(*reply);
   EXPECT_GT(j["qpn"].get<uint64_t>(), 0u);
   EXPECT_EQ(j["nic"], "good0");
+  EXPECT_LE(j["mtu"].get<int>(), MtuEnum(RdmaConfig().mtu)) << "the reply advertises the MTU capped by MC_MTU";
+  EXPECT_GT(j["rd_atom"].get<int>(), 0) << "and the READ depth it serves";
   auto again = connect(Request().dump());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *reply) << "a repeated request gets the same QP";
+  nlohmann::json reused = Request();
+  reused["psn"] = 8;  // the requester reconnected and its HCA reused the QPN: a new QP, not the old one
+  auto fresh = connect(reused.dump());
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE(*fresh, *reply);
   nlohmann::json ready = {{"instance", "peer-1"}, {"local_nic", "x0"}, {"peer_nic", "good0"}, {"qpn", 0x1234}};
   EXPECT_TRUE(host_.methods["rdma.ready"](ready.dump()).ok());
   ready["qpn"] = 99;
