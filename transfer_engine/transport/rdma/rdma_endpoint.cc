@@ -31,14 +31,14 @@ Status QpError(const char* step, int rc) {
 
 }  // namespace
 
-ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg) {
+ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg, QpRole role) {
   ibv_qp_init_attr init{};
   init.send_cq = nic.cq(cq);
   init.recv_cq = nic.cq(cq);
   init.qp_type = IBV_QPT_RC;
   int max_wr = cfg.max_wr;
   if (nic.info().max_qp_wr > 0) max_wr = std::min(max_wr, nic.info().max_qp_wr);
-  init.cap.max_send_wr = static_cast<uint32_t>(max_wr);
+  init.cap.max_send_wr = role == QpRole::kResponder ? 1 : static_cast<uint32_t>(max_wr);  // a responder never posts
   init.cap.max_recv_wr = 1;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
@@ -49,12 +49,12 @@ ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg) {
 int AdvertisedMtu(const NicInfo& nic, const RdmaConfig& cfg) { return std::min(nic.active_mtu, MtuEnum(cfg.mtu)); }
 
 Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const QpAddress& peer, uint32_t local_psn,
-                 const RdmaConfig& cfg) {
+                 const RdmaConfig& cfg, QpRole role) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = static_cast<uint16_t>(cfg.pkey_index);
   a.port_num = static_cast<uint8_t>(cfg.ib_port);
-  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  a.qp_access_flags = role == QpRole::kResponder ? IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE : 0;
   if (int rc = api->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     return QpError("INIT", rc);
   }
@@ -138,7 +138,7 @@ Status Endpoint::EnsureConnected(const Handshake& handshake, const std::function
     if (Clock::now() < retry_after_) return Status(ErrorCode::kEndpoint, label_ + " is paused after: " + why_);
   }
   const VerbsApi* api = nic_->api();
-  ibv_qp* qp = CreateQp(*nic_, cq_, cfg_);
+  ibv_qp* qp = CreateQp(*nic_, cq_, cfg_, QpRole::kRequester);
   if (!qp) return backoff(Status(ErrorCode::kEndpoint, label_ + ": ibv_create_qp: " + strerror(errno)));
   QpAddress ours;
   ours.nic = nic_->info().name;
@@ -149,7 +149,7 @@ Status Endpoint::EnsureConnected(const Handshake& handshake, const std::function
   ours.mtu = AdvertisedMtu(nic_->info(), cfg_);
   ours.rd_atom = nic_->info().max_rd_atom;
   auto peer = handshake(ours);
-  Status st = peer.ok() ? ConnectQp(api, qp, nic_->info(), *peer, ours.psn, cfg_) : peer.status();
+  Status st = peer.ok() ? ConnectQp(api, qp, nic_->info(), *peer, ours.psn, cfg_, QpRole::kRequester) : peer.status();
   if (!st.ok()) {
     api->destroy_qp(qp);
     return backoff(Status(st.code(), label_ + ": " + st.message()));

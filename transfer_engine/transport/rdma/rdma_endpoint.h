@@ -54,11 +54,15 @@ struct CqBudget {
   std::atomic<bool> starved{false};  ///< an endpoint found the CQ full: kick endpoints after completions
 };
 
+/// Which end of a connection a QP is: the requester posts RDMA WRITE/READ (no remote access of its own); the
+/// responder only serves them (remote read/write access, no send queue to speak of).
+enum class QpRole { kRequester, kResponder };
+
 /// Moves a QP through INIT -> RTR -> RTS towards `peer` (both sides use it). An errno text on failure.
 Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const QpAddress& peer, uint32_t local_psn,
-                 const RdmaConfig& cfg);
+                 const RdmaConfig& cfg, QpRole role);
 /// A new RC QP on `nic` using CQ `cq`; null with errno.
-ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg);
+ibv_qp* CreateQp(RdmaNic& nic, size_t cq, const RdmaConfig& cfg, QpRole role);
 
 /// The requester end of one RC connection (local NIC -> peer NIC) to one peer: its QP, the work requests in
 /// flight (at most cfg.max_wr, and within the CQ's budget) and those waiting for room.

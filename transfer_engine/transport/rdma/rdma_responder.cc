@@ -88,7 +88,7 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
   }
   auto e = std::make_unique<Entry>();
   e->nic = nic;
-  e->qp = CreateQp(*nic, nic->NextCq(), cfg_);
+  e->qp = CreateQp(*nic, nic->NextCq(), cfg_, QpRole::kResponder);
   if (!e->qp) return Status(ErrorCode::kEndpoint, std::string("ibv_create_qp: ") + strerror(errno));
   e->peer_qpn = static_cast<uint32_t>(*qpn);
   e->peer_psn = static_cast<uint32_t>(*psn);
@@ -104,7 +104,7 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
   peer.rd_atom = rd_atom ? static_cast<int>(*rd_atom) : 0;
   thread_local std::mt19937 rng(std::random_device{}());
   const uint32_t our_psn = rng() & 0xffffff;
-  MC_RETURN_IF_ERROR(ConnectQp(nic->api(), e->qp, nic->info(), peer, our_psn, cfg_));
+  MC_RETURN_IF_ERROR(ConnectQp(nic->api(), e->qp, nic->info(), peer, our_psn, cfg_, QpRole::kResponder));
   e->reply = nlohmann::json{{"nic", nic->info().name},
                             {"qpn", e->qp->qp_num},
                             {"psn", our_psn},

@@ -137,7 +137,14 @@ void DeviceStager::Copy(const MemoryKind& kind, void* dst, const void* src, size
   cv_.notify_one();
 }
 
+namespace {
+thread_local bool t_on_stager_thread = false;
+}  // namespace
+
+bool DeviceStager::OnStagerThread() { return t_on_stager_thread; }
+
 void DeviceStager::Run() {
+  t_on_stager_thread = true;
   std::unique_lock lock(mu_);
   while (true) {
     cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });

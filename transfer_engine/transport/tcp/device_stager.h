@@ -56,6 +56,9 @@ class DeviceStager {
   /// (kSocket, "shutting down"). Idempotent.
   void Stop();
 
+  /// Whether the calling thread is a stager's (its continuations must not block either, e.g. on a connect).
+  static bool OnStagerThread();
+
   /// {"copies", "copied_bytes", "copy_errors", "pinned_bytes" (allocated, cached or in use), "cached_bytes"}.
   nlohmann::json Stats() const;
 

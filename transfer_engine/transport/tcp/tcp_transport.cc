@@ -462,8 +462,9 @@ void TcpTransport::Refill(ClientLane* lane) {
   auto* path = static_cast<PeerPath*>(lane->path());
   if (path->down.load() || stopped_.load()) return;
   Peer* peer = path->peer;
-  if (!lane->connected() && IoLoop::OnAnyLoopThread()) {
-    // Connecting may block for the connect timeout: never on an epoll thread. The prober thread does it.
+  if (!lane->connected() && (IoLoop::OnAnyLoopThread() || DeviceStager::OnStagerThread())) {
+    // Connecting may block for the connect timeout: never on an epoll thread, nor on the stager's (every copy
+    // completion in the process waits behind it). The prober thread does it.
     RequestDispatch(peer);
     return;
   }
