@@ -21,44 +21,12 @@ MiB = 1 << 20
 reason = netns.available()
 pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
 
-# One engine per process, driven by JSON lines on stdin: {"cmd": "info"|"fill"|"digest"|"transfer"|"stats"}.
-PEER = r"""
-import hashlib, json, sys, time
-import numpy as np
-from mooncake.engine import TransferEngine
-ip, size = sys.argv[1], int(sys.argv[2])
-e = TransferEngine()
-rc = e.initialize(ip, "P2PHANDSHAKE", "efa", "")
-buf = np.zeros(size, dtype=np.uint8)
-if rc == 0:
-    rc = e.register_memory(buf.ctypes.data, size)
-print(json.dumps({"rc": rc, "segment": e.get_local_segment_name() if rc == 0 else "", "addr": buf.ctypes.data}),
-      flush=True)
-for line in sys.stdin:
-    r = json.loads(line)
-    out = {}
-    if r["cmd"] == "fill":
-        buf[:] = np.random.default_rng(r["seed"]).integers(0, 256, size, dtype=np.uint8)
-    elif r["cmd"] == "digest":
-        out["sha256"] = hashlib.sha256(buf[:r["length"]]).hexdigest()
-    elif r["cmd"] == "transfer":
-        fn = e.transfer_sync_write if r["op"] == "write" else e.transfer_sync_read
-        t0 = time.monotonic()
-        out["rc"] = fn(r["segment"], buf.ctypes.data, r["remote"], r["length"])
-        out["seconds"] = time.monotonic() - t0
-    elif r["cmd"] == "stats":
-        out["stats"] = json.loads(e.get_stats())
-    print(json.dumps(out), flush=True)
-e.close()
-"""
-
-
 class Peer:
     def __init__(self, host, size, **env):
         full = {k: v for k, v in os.environ.items() if k not in ("FI_PROVIDER", "MC_PLUGIN_DIR")}
         full.update(PYTHONPATH=os.pathsep.join(sys.path), MC_PLUGIN_DIR=HERE, FI_PROVIDER="tcp;ofi_rxm",
                     MC_EFA_OP_TIMEOUT_MS="3000", **env)
-        self.p = subprocess.Popen(host.prefix + [sys.executable, "-c", PEER, host.ips[0], str(size)],
+        self.p = subprocess.Popen(host.prefix + [sys.executable, "-m", "mooncake.testing.netns_peer", host.ips[0], str(size), "efa"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=full)
         self.info = json.loads(self.p.stdout.readline() or '{"rc": "died"}')
         assert self.info["rc"] == 0, self.info

@@ -24,36 +24,6 @@ MiB = 1 << 20
 reason = netns.available()
 pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
 
-PEER = r"""
-import hashlib, json, sys, time
-import numpy as np
-from mooncake.engine import TransferEngine
-ip, size = sys.argv[1], int(sys.argv[2])
-e = TransferEngine()
-rc = e.initialize(ip, "P2PHANDSHAKE", "rdma", "")
-buf = np.zeros(size, dtype=np.uint8)
-if rc == 0:
-    rc = e.register_memory(buf.ctypes.data, size)
-print(json.dumps({"rc": rc, "segment": e.get_local_segment_name() if rc == 0 else "", "addr": buf.ctypes.data}),
-      flush=True)
-for line in sys.stdin:
-    r = json.loads(line)
-    out = {}
-    if r["cmd"] == "fill":
-        buf[:] = np.random.default_rng(r["seed"]).integers(0, 256, size, dtype=np.uint8)
-    elif r["cmd"] == "digest":
-        out["sha256"] = hashlib.sha256(buf[:r["length"]]).hexdigest()
-    elif r["cmd"] == "transfer":
-        fn = e.transfer_sync_write if r["op"] == "write" else e.transfer_sync_read
-        t0 = time.monotonic()
-        out["rc"] = fn(r["segment"], buf.ctypes.data, r["remote"], r["length"])
-        out["seconds"] = time.monotonic() - t0
-    elif r["cmd"] == "stats":
-        out["stats"] = json.loads(e.get_stats())
-    print(json.dumps(out), flush=True)
-e.close()
-"""
-
 STATE = tempfile.mkdtemp(prefix="rdma_fake_", dir=os.environ.get("TEST_TMPDIR"))
 
 
@@ -65,7 +35,7 @@ class Peer:
         env.update(PYTHONPATH=os.pathsep.join(sys.path), MC_PLUGIN_DIR=HERE, MC_RDMA_FAKE_LIBRARY=FAKE,
                    MC_RDMA_FAKE_STATE=STATE, MC_RDMA_FAKE_HOST=host.name, MC_RDMA_FAKE_DEVICES=devices,
                    MC_RDMA_FAKE_RETRY_MS="300", MC_RDMA_BACKOFF_MS="200")
-        self.p = subprocess.Popen(host.prefix + [sys.executable, "-c", PEER, host.ips[0], str(size)],
+        self.p = subprocess.Popen(host.prefix + [sys.executable, "-m", "mooncake.testing.netns_peer", host.ips[0], str(size), "rdma"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = json.loads(self.p.stdout.readline() or '{"rc": "died"}')
         assert self.info["rc"] == 0, self.info
