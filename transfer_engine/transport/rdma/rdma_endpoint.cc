@@ -268,11 +268,14 @@ Endpoint::Completed Endpoint::OnCompletion(const ibv_wc& wc) {
     }
     if (state_ == State::kConnected) consecutive_failures_ = 0;
   } else if (state_ == State::kConnected) {
+    // This WR failed the endpoint: it alone is charged; what waits is held until the reset.
     FailLocked(std::string(nic_->api()->wc_status_str(wc.status)) + " (" + std::to_string(wc.status) + ")",
-               &out.flushed, /*path_fault=*/wc.status != IBV_WC_REM_ACCESS_ERR);
+               &held_, /*path_fault=*/wc.status != IBV_WC_REM_ACCESS_ERR);
     out.failed_now = true;
+  } else if (out.item) {
+    held_.push_back(std::move(out.item));  // flushed behind the WR that failed the endpoint
   }
-  if (state_ == State::kConnected) PostLocked(&out.flushed);
+  if (state_ == State::kConnected) PostLocked(&held_);
   if (inflight_.empty() && busy_bytes_ > 0) {  // a busy period ended: fold its throughput into the average
     double seconds = std::chrono::duration<double>(Clock::now() - busy_since_).count();
     if (seconds > 0) {
@@ -288,6 +291,10 @@ Endpoint::Completed Endpoint::OnCompletion(const ibv_wc& wc) {
   if (retired_ && !closed_ && inflight_.empty() && waiting_.empty()) {
     closed_ = true;
     if (uint32_t q = DestroyQpLocked()) out.destroyed_qpn = q;
+  }
+  if (state_ != State::kFailed && !held_.empty()) {  // reset (or never failed: a post error with nothing in flight)
+    out.resubmit = std::move(held_);
+    held_.clear();
   }
   return out;
 }
@@ -319,6 +326,8 @@ std::vector<std::unique_ptr<WorkItem>> Endpoint::Close(uint32_t* qpn) {
   inflight_.clear();
   for (auto& w : waiting_) out.push_back(std::move(w));
   waiting_.clear();
+  for (auto& h : held_) out.push_back(std::move(h));
+  held_.clear();
   return out;
 }
 

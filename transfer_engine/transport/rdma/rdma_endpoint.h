@@ -93,10 +93,15 @@ class Endpoint {
   void Kick(std::vector<std::unique_ptr<WorkItem>>* flushed);
 
   struct Completed {
-    std::unique_ptr<WorkItem> item;                // null when the id is unknown
-    std::vector<std::unique_ptr<WorkItem>> flushed;  // waiting items dropped because the endpoint failed
-    bool failed_now = false;                       // this completion moved the endpoint to failed
-    uint32_t destroyed_qpn = 0;                    // non-zero: the QP was destroyed (stop routing it)
+    /// The completed item: a success, or the error that failed the endpoint (the offending WR); null when the
+    /// id is unknown or the item was flushed behind another WR's error (held for `resubmit`).
+    std::unique_ptr<WorkItem> item;
+    /// Items that were not at fault (flushed in flight, or waiting, when another WR failed the endpoint),
+    /// handed back together once the endpoint was reset (its QP destroyed), to be moved again without charging
+    /// their retry budget.
+    std::vector<std::unique_ptr<WorkItem>> resubmit;
+    bool failed_now = false;     // this completion moved the endpoint to failed
+    uint32_t destroyed_qpn = 0;  // non-zero: the QP was destroyed (stop routing it)
   };
   /// A completion of this endpoint's QP (polling thread).
   Completed OnCompletion(const ibv_wc& wc);
@@ -161,6 +166,7 @@ class Endpoint {
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<WorkItem>> inflight_;
   std::deque<std::unique_ptr<WorkItem>> waiting_;
+  std::vector<std::unique_ptr<WorkItem>> held_;  // not at fault, waiting for the reset (Completed::resubmit)
 };
 
 }  // namespace mooncake::te::rdma

@@ -3,9 +3,17 @@
 // which loads libmc_transport_rdma.so), while faults are injected into one HCA.
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -217,6 +225,171 @@ TEST_F(RdmaFaultTest, DeviceFilterLimitsTheNics) {
   for (const auto& [label, p] : stats["paths"].items()) {
     EXPECT_EQ(label.rfind("fake_mlx5_1", 0), 0u) << label << " uses a NIC outside the allow-list";
   }
+}
+
+// One WR meets a remote access error (its range was withdrawn) while others wait behind it on the same QP: only
+// it fails, with its error; the flushed ones move again after the endpoint's reset without using up their retry
+// budget (none here: retry_cnt 0).
+TEST_F(RdmaFaultTest, ARemoteAccessErrorFailsOnlyTheOffendingWorkRequest) {
+  EngineOptions o = Options();
+  o.device_filter = "fake_mlx5_0";  // one QP: the flushed WRs are behind the offending one
+  o.transport_options["rdma.retry_cnt"] = "0";
+  auto e = TransferEngine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  a_ = std::move(e.value());
+  src_.resize(kSize);
+  FillPattern(src_.data(), kSize, 21, 0);
+  ASSERT_TRUE(a_->RegisterMemory(src_.data(), kSize).ok());
+  auto target = StartTarget(o);
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  target_ = std::move(target.value());
+  auto extra = target_->RegisterExtra(1 << 20);
+  ASSERT_TRUE(extra.ok()) << extra.status().ToString();
+  auto h = a_->OpenSegment(target_->segment_name());  // the descriptor lists both buffers
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(target_->Unregister().ok());  // the main buffer's keys go; our descriptor still has them
+  std::vector<TransferRequest> reqs = {{OpCode::kWrite, src_.data(), *h, target_->buffer_address(), 65536}};
+  for (size_t i = 0; i < 15; ++i) {
+    reqs.push_back({OpCode::kWrite, src_.data() + (i + 1) * 65536, *h, *extra + i * 65536, 65536});
+  }
+  auto batch = a_->AllocateBatch(reqs.size());
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE(a_->Submit(*batch, reqs).ok());
+  auto done = a_->WaitBatch(*batch, std::chrono::seconds(20));
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  Status first = a_->GetTaskError(*batch, 0);
+  EXPECT_FALSE(first.ok()) << "the write into the withdrawn buffer succeeded";
+  EXPECT_TRUE(first.code() == ErrorCode::kAddressNotRegistered || first.code() == ErrorCode::kRemoteRejected)
+      << first.ToString();
+  for (size_t i = 1; i < reqs.size(); ++i) {
+    Status st = a_->GetTaskError(*batch, i);
+    EXPECT_TRUE(st.ok()) << "task " << i << " was flushed and not moved again: " << st.ToString();
+  }
+  ASSERT_TRUE(a_->FreeBatch(*batch).ok());
+  // What landed in the extra buffer, read back.
+  std::vector<TransferRequest> back = {{OpCode::kRead, src_.data() + (8 << 20), *h, *extra, 15 * 65536}};
+  ASSERT_TRUE(a_->TransferSync(back, std::chrono::seconds(20)).ok());
+  EXPECT_EQ(Digest(src_.data() + (8 << 20), 15 * 65536), Digest(src_.data() + 65536, 15 * 65536));
+}
+
+// QPs of this process in the fake's state directory (each QP has a record there until it is destroyed).
+size_t OwnQps() {
+  size_t n = 0;
+  DIR* d = opendir((kState + "/qp").c_str());
+  if (!d) return 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' || strchr(e->d_name, '.')) continue;
+    std::ifstream in(kState + "/qp/" + e->d_name);
+    long pid = 0;
+    if (in >> pid && pid == getpid()) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  uint16_t port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The peer restarts under the same name with other NICs (another fake host: other GIDs, QPNs and keys): the
+// endpoints to its dead QPs are detected and rebuilt from its fresh descriptor, and the transfer completes.
+TEST_F(RdmaFaultTest, APeerRestartedWithOtherNicsGetsFreshEndpoints) {
+  auto e = TransferEngine::Create(Options());
+  ASSERT_TRUE(e.ok());
+  a_ = std::move(e.value());
+  src_.resize(kSize);
+  FillPattern(src_.data(), kSize, 31, 0);
+  ASSERT_TRUE(a_->RegisterMemory(src_.data(), kSize).ok());
+  const uint16_t port = FreePort();
+  ASSERT_NE(port, 0);
+  EngineOptions t = Options();
+  t.local_server_name = "127.0.0.1:" + std::to_string(port);
+  setenv("MC_LEGACY_RPC_PORT_BINDING", "1", 1);  // the target binds that port (inherited by the children)
+  auto first = StartTarget(t);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  target_ = std::move(first.value());
+  const std::string name = target_->segment_name();
+  auto h = a_->OpenSegment(name);
+  ASSERT_TRUE(h.ok());
+  h_ = *h;
+  base_ = target_->buffer_address();
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());
+  const size_t qps = OwnQps();
+  ASSERT_GT(qps, 0u);
+  target_->Vanish();
+  setenv("MC_RDMA_FAKE_HOST", "hostC", 1);
+  conformance::TargetOptions to;
+  to.engine = t;
+  to.buffer_size = kSize;
+  auto second = conformance::StartPeerProcessTarget(to);
+  setenv("MC_RDMA_FAKE_HOST", "hostA", 1);
+  unsetenv("MC_LEGACY_RPC_PORT_BINDING");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  target_ = std::move(second.value());
+  ASSERT_EQ(target_->segment_name(), name);
+  base_ = target_->buffer_address();
+  auto start = Clock::now();
+  Status st = WriteAndCheck(0, 1 << 20);  // through the handle opened on the first instance
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  // The endpoints to the first instance were closed, not left connected to its dead QPs.
+  EXPECT_LE(OwnQps(), qps) << "QPs to the vanished instance are still open";
+}
+
+// One peer's retry hangs in a handshake (the peer process is stopped, so its RPC never answers): another peer's
+// retries still run at once.
+TEST_F(RdmaFaultTest, APeerWhoseHandshakeHangsDoesNotDelayOtherPeersRetries) {
+  Make();  // F: the target of Make, warmed on both rails
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());
+  setenv("MC_RDMA_FAKE_HOST", "hostC", 1);
+  conformance::TargetOptions to;
+  to.engine = Options();
+  to.buffer_size = kSize;
+  auto slow = conformance::StartPeerProcessTarget(to);
+  setenv("MC_RDMA_FAKE_HOST", "hostA", 1);
+  ASSERT_TRUE(slow.ok()) << slow.status().ToString();
+  auto hs = a_->OpenSegment((*slow)->segment_name());
+  ASSERT_TRUE(hs.ok());
+  const uint64_t slow_base = (*slow)->buffer_address();
+  // One WR: only the first rail (our fake_mlx5_0) connects to S.
+  ASSERT_TRUE(a_->TransferSync({{OpCode::kWrite, src_.data(), *hs, slow_base, 65536}}, std::chrono::seconds(10)).ok());
+  const std::string where = (*slow)->where();
+  const pid_t slow_pid = static_cast<pid_t>(atoi(where.c_str() + where.rfind(' ') + 1));
+  ASSERT_GT(slow_pid, 0) << where;
+  ASSERT_EQ(kill(slow_pid, SIGSTOP), 0);
+  // Every QP of our fake_mlx5_0 fails: S's retry moves to the second rail, which needs a handshake (hangs);
+  // F's retries move to its connected second rail.
+  ASSERT_TRUE(fake::SetFault(kState, "hostA", "fake_mlx5_0", "qp_error=1"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Status slow_st;
+  std::thread to_slow([&] {
+    // Two WRs, one per rail: the second rail's handshake hangs on this thread; the first rail's WR fails and its
+    // retry, on S's strand of the pool, waits for that handshake too.
+    slow_st = a_->TransferSync({{OpCode::kWrite, src_.data(), *hs, slow_base, 131072}}, std::chrono::seconds(30));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // S's retry is in its handshake now
+  auto start = Clock::now();
+  Status st = WriteAndCheck(0, 1 << 20);
+  auto took = Clock::now() - start;
+  kill(slow_pid, SIGCONT);
+  to_slow.join();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(PathFailures("fake_mlx5_0"), 1u) << Stats().dump();
+  EXPECT_LT(took, std::chrono::seconds(2))
+      << "F's retries waited for S's handshake: "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  (void)slow_st;  // S's write may or may not make it after its handshake timed out
 }
 
 double CpuSeconds() {

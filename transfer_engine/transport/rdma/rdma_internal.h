@@ -5,6 +5,8 @@
 // state, the per-peer state and the per-slice job, and the untrusted-field helpers. Not a public header.
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,44 +21,72 @@
 namespace mooncake::te::rdma {
 
 
-/// What the transport keeps per registered region: its MRs, [nic][chunk]. Deregistered by Release
-/// (UnregisterRegion) or the destructor, whichever comes first.
+/// How a region's memory was registered with the HCAs.
+enum class RegPath : uint8_t {
+  kHost,        ///< ibv_reg_mr on host memory
+  kDmabuf,      ///< ibv_reg_dmabuf_mr on the dma-buf fd the platform exported for device memory
+  kPeerMemory,  ///< ibv_reg_mr on the device pointer (a peer-memory client such as nvidia_peermem pins it)
+};
+const char* RegPathName(RegPath p);
+
+/// What the transport keeps per registered region: per NIC and chunk a local MR (local write access only: its
+/// lkey serves our own work requests) and, for remote-accessible memory, a remote MR (its rkey is what peers
+/// get). WithdrawRemote deregisters the remote MRs (peers' late accesses fail with a remote access error at
+/// once) while our own transfers still finish on the local MRs; Release (UnregisterRegion, or the destructor)
+/// deregisters everything. Thread-safe.
 class RdmaRegionState : public TransportRegionState {
  public:
-  RdmaRegionState(const VerbsApi* api, uint64_t start, uint64_t chunk) : api_(api), start_(start), chunk_(chunk) {}
+  RdmaRegionState(const VerbsApi* api, uint64_t start, uint64_t chunk, RegPath path)
+      : api_(api), start_(start), chunk_(chunk), path_(path) {}
   ~RdmaRegionState() override { Release(); }
 
-  void Add(std::shared_ptr<RdmaNic> nic, std::vector<ibv_mr*> mrs) {
+  /// The MRs of the next NIC (index = nics_.size()); `remote` is empty for memory peers may not touch.
+  void Add(std::shared_ptr<RdmaNic> nic, std::vector<ibv_mr*> local, std::vector<ibv_mr*> remote) {
+    std::lock_guard lock(mu_);
     nics_.push_back(std::move(nic));
-    mrs_.push_back(std::move(mrs));
+    local_.push_back(std::move(local));
+    remote_.push_back(std::move(remote));
+  }
+  void WithdrawRemote() const {
+    std::lock_guard lock(mu_);
+    Deregister(remote_);
   }
   void Release() const {
     std::lock_guard lock(mu_);
-    for (auto& per_nic : mrs_) {
+    Deregister(remote_);
+    Deregister(local_);
+  }
+  uint64_t start() const { return start_; }
+  uint64_t chunk() const { return chunk_; }  // 0: one chunk
+  RegPath path() const { return path_; }
+  /// The lkey covering `addr` on NIC `nic`, or nullopt once released.
+  std::optional<uint32_t> Lkey(size_t nic, uint64_t addr) const {
+    std::lock_guard lock(mu_);
+    if (nic >= local_.size()) return std::nullopt;
+    size_t k = chunk_ ? static_cast<size_t>((addr - start_) / chunk_) : 0;
+    if (k >= local_[nic].size() || !local_[nic][k]) return std::nullopt;
+    return local_[nic][k]->lkey;
+  }
+  /// The local NICs nearest this memory (by index, set at registration); empty: no preference.
+  std::vector<bool> preferred;
+
+ private:
+  void Deregister(std::vector<std::vector<ibv_mr*>>& table) const {
+    for (auto& per_nic : table) {
       for (ibv_mr*& mr : per_nic) {
         if (mr) api_->dereg_mr(mr);
         mr = nullptr;
       }
     }
   }
-  uint64_t start() const { return start_; }
-  uint64_t chunk() const { return chunk_; }  // 0: one chunk
-  /// The lkey covering `addr` on NIC `nic`, or nullopt once released.
-  std::optional<uint32_t> Lkey(size_t nic, uint64_t addr) const {
-    std::lock_guard lock(mu_);
-    if (nic >= mrs_.size()) return std::nullopt;
-    size_t k = chunk_ ? static_cast<size_t>((addr - start_) / chunk_) : 0;
-    if (k >= mrs_[nic].size() || !mrs_[nic][k]) return std::nullopt;
-    return mrs_[nic][k]->lkey;
-  }
 
- private:
   const VerbsApi* api_;
   const uint64_t start_;
   const uint64_t chunk_;
+  const RegPath path_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<RdmaNic>> nics_;  // keep the PDs alive while MRs exist
-  mutable std::vector<std::vector<ibv_mr*>> mrs_;
+  mutable std::vector<std::vector<ibv_mr*>> local_, remote_;
 };
 
 inline std::vector<std::string> SplitList(const std::string& s) {
@@ -87,19 +117,24 @@ inline std::optional<uint32_t> Key32(const nlohmann::json& v) {
   return static_cast<uint32_t>(k);
 }
 
+struct RdmaTransport::PeerNic {
+  std::string name;
+  ibv_gid gid{};
+  uint16_t lid = 0;
+};
+
 struct RdmaTransport::Peer {
   std::string key;
   std::string segment;
-  struct Nic {
-    std::string name;
-    ibv_gid gid{};
-    uint16_t lid = 0;
-  };
-  std::vector<Nic> nics;
+  std::vector<PeerNic> nics;
   size_t local_count = 0;
   std::vector<std::shared_ptr<Endpoint>> eps;  // [local * nics.size() + peer]
   std::atomic<uint64_t> next{0};
   std::atomic<uint64_t> bytes{0}, slices{0}, errors{0}, retries{0};
+  // The peer's strand on the worker pool (RunForPeer): its retries run in order, one at a time.
+  std::mutex retry_mu;
+  std::deque<std::function<void()>> retry_jobs;
+  bool retry_running = false;
 
   std::shared_ptr<Endpoint>& ep(size_t pair) { return eps[pair]; }
   size_t pairs() const { return eps.size(); }

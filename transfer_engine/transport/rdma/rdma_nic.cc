@@ -107,6 +107,10 @@ StatusOr<NicInfo> InspectDevice(const VerbsApi* api, ibv_device* device, const R
                 std::to_string(port.pkey_tbl_len));
   }
   info.ethernet = port.link_layer == IBV_LINK_LAYER_ETHERNET;
+  if (FILE* f = fopen((std::string(device->ibdev_path) + "/device/numa_node").c_str(), "re")) {
+    if (fscanf(f, "%d", &info.numa_node) != 1) info.numa_node = -1;
+    fclose(f);
+  }
   info.lid = port.lid;
   info.active_mtu = port.active_mtu;
   info.max_mr_size = dev.max_mr_size;

@@ -28,6 +28,7 @@ struct NicInfo {
   int max_qp_wr = 0;
   int max_rd_atom = 16;       ///< max_qp_rd_atom: RDMA READs a responder QP serves at once
   int max_init_rd_atom = 16;  ///< max_qp_init_rd_atom: RDMA READs a requester QP has outstanding
+  int numa_node = -1;         ///< <ibdev_path>/device/numa_node; -1 when unknown
 };
 
 /// "fe80:0000:0000:0000:0202:c9ff:fe00:0001" (Mooncake's GID text).

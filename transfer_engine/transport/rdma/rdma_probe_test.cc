@@ -41,8 +41,14 @@ TEST(RdmaProbeTest, RealLibibverbsLoadsAndFindsNoDevice) {
   TransportProbe p = ProbeRdma();
   EXPECT_FALSE(p.usable);
   EXPECT_NE(p.reason.find("no RDMA device"), std::string::npos) << p.reason;
-  EXPECT_NE(p.reason.find("dma-buf: unavailable"), std::string::npos) << p.reason;
-  EXPECT_NE(p.reason.find("peer memory"), std::string::npos) << p.reason;
+  // Which device-memory paths exist: dma-buf when this libibverbs exports ibv_reg_dmabuf_mr (v34+), peer memory
+  // when the kernel has a peer-memory client (never on this machine).
+  EXPECT_NE(p.reason.find(api->reg_dmabuf_mr ? "dma-buf: available" : "dma-buf: unavailable"), std::string::npos)
+      << p.reason;
+  ASSERT_NE(api->peer_memory, nullptr);
+  EXPECT_NE(p.reason.find(api->peer_memory() ? "peer memory: available" : "peer memory: unavailable"),
+            std::string::npos)
+      << p.reason;
 
   RdmaTransport t;
   TransportContext ctx;

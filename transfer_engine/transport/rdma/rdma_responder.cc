@@ -1,6 +1,7 @@
 #include "transfer_engine/transport/rdma/rdma_responder.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -24,20 +25,27 @@ std::optional<uint64_t> BoundedUint(const nlohmann::json& j, const char* key, ui
 }  // namespace
 
 struct Responder::Entry {
+  std::string instance, segment;
   std::shared_ptr<RdmaNic> nic;
   ibv_qp* qp = nullptr;
   uint32_t peer_qpn = 0;
   uint32_t peer_psn = 0;  // with the QPN: a reconnect whose HCA reused the QPN comes with a fresh PSN
   uint64_t seq = 0;  // creation order
-  bool ready = false;
+  std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
+  bool ready = false;  // the requester confirmed ("rdma.ready"): in use, never evicted
   std::string reply;
   ~Entry() {
     if (qp) nic->api()->destroy_qp(qp);
   }
 };
 
-Responder::Responder(std::vector<std::shared_ptr<RdmaNic>> nics, const RdmaConfig& cfg, size_t capacity)
-    : nics_(std::move(nics)), cfg_(cfg), capacity_(capacity) {}
+Responder::Responder(std::vector<std::shared_ptr<RdmaNic>> nics, const RdmaConfig& cfg, std::string instance,
+                     size_t capacity, std::chrono::milliseconds ready_window)
+    : nics_(std::move(nics)),
+      cfg_(cfg),
+      instance_(std::move(instance)),
+      capacity_(capacity),
+      ready_window_(ready_window) {}
 
 Responder::~Responder() { Clear(); }
 
@@ -54,6 +62,7 @@ size_t Responder::size() const {
 StatusOr<std::string> Responder::Connect(const std::string& payload) {
   nlohmann::json j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
   auto instance = JsonString(j, "instance");
+  auto segment = JsonString(j, "segment");  // absent from older peers
   auto local_nic = JsonString(j, "local_nic");
   auto peer_nic = JsonString(j, "peer_nic");
   auto qpn = BoundedUint(j, "qpn", 0xffffff);
@@ -77,16 +86,24 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
   if (it != entries_.end() && it->second->peer_qpn == *qpn && it->second->peer_psn == *psn) {
     return it->second->reply;  // a repeated request (same QP, same PSN)
   }
-  if (it == entries_.end() && entries_.size() >= capacity_) {
-    // Full: the oldest responder QP goes (its peer, if still alive, reconnects after a retry error).
-    auto oldest = entries_.begin();
-    for (auto i = entries_.begin(); i != entries_.end(); ++i) {
-      if (i->second->seq < oldest->second->seq) oldest = i;
+  if (segment && segment->size() <= 512 && !segment->empty()) {
+    // A new instance under a known segment name: that peer restarted, and its old instance's QPs are dead.
+    for (auto i = entries_.begin(); i != entries_.end();) {
+      if (i->second->segment == *segment && i->second->instance != *instance) {
+        MC_LOG(kInfo) << "rdma: '" << *segment << "' restarted: dropping responder QP " << i->first;
+        i = entries_.erase(i);
+      } else {
+        ++i;
+      }
     }
-    MC_LOG(kWarning) << "rdma: " << capacity_ << " responder QPs: dropping the oldest (" << oldest->first << ")";
-    entries_.erase(oldest);
+  }
+  if (it == entries_.end()) {
+    Status room = MakeRoomLocked(*instance);
+    if (!room.ok()) return room;
   }
   auto e = std::make_unique<Entry>();
+  e->instance = *instance;
+  e->segment = segment ? segment->substr(0, 512) : "";
   e->nic = nic;
   e->qp = CreateQp(*nic, nic->NextCq(), cfg_, QpRole::kResponder);
   if (!e->qp) return Status(ErrorCode::kEndpoint, std::string("ibv_create_qp: ") + strerror(errno));
@@ -111,11 +128,40 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
                             {"gid", GidText(nic->info().gid)},
                             {"lid", nic->info().lid},
                             {"mtu", AdvertisedMtu(nic->info(), cfg_)},
-                            {"rd_atom", nic->info().max_rd_atom}}
+                            {"rd_atom", nic->info().max_rd_atom},
+                            {"instance", instance_}}
                  .dump();
   std::string reply = e->reply;
   entries_[key] = std::move(e);  // replaces (destroys) an older QP of the same key: the peer reconnected
   return reply;
+}
+
+Status Responder::MakeRoomLocked(const std::string& instance) {
+  // One instance holds at most (its NICs, at most 64) x (ours) connections: a peer making more is refused
+  // before it can crowd out the others.
+  const size_t per_instance = 64 * nics_.size();
+  size_t mine = 0;
+  for (const auto& [key, e] : entries_) mine += e->instance == instance;
+  if (mine >= per_instance) {
+    return Status(ErrorCode::kTooManyRequests, "rdma: instance '" + instance + "' already holds " +
+                                                   std::to_string(mine) + " responder QPs");
+  }
+  if (entries_.size() < capacity_) return Status::Ok();
+  // Full: drop the oldest connection whose requester never confirmed it ("rdma.ready") within the handshake
+  // window; a confirmed one is in use and is never dropped (its peer would talk to a dead QP).
+  const auto now = std::chrono::steady_clock::now();
+  auto victim = entries_.end();
+  for (auto i = entries_.begin(); i != entries_.end(); ++i) {
+    if (i->second->ready || now - i->second->created < ready_window_) continue;
+    if (victim == entries_.end() || i->second->seq < victim->second->seq) victim = i;
+  }
+  if (victim == entries_.end()) {
+    return Status(ErrorCode::kTooManyRequests,
+                  "rdma: all " + std::to_string(capacity_) + " responder QPs are in use; try again later");
+  }
+  MC_LOG(kWarning) << "rdma: " << capacity_ << " responder QPs: dropping the unconfirmed " << victim->first;
+  entries_.erase(victim);
+  return Status::Ok();
 }
 
 StatusOr<std::string> Responder::Ready(const std::string& payload) {

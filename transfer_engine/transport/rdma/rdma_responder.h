@@ -1,6 +1,7 @@
 #ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_RESPONDER_H_
 #define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_RDMA_RDMA_RESPONDER_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,13 +15,21 @@
 namespace mooncake::te::rdma {
 
 /// The passive end of the handshake: the responder QPs this engine makes for its peers' "rdma.connect"
-/// requests, one per (peer instance, peer NIC, our NIC). A repeated request (same QPN) gets the same reply; a new
-/// QPN for the same key replaces the old QP (the peer reconnected). At most `capacity` QPs are kept; when full,
-/// the oldest is dropped (peers that restarted leave theirs behind). Every request field is peer input and is
-/// validated. Thread-safe; the methods run on the engine's RPC thread and are quick.
+/// requests, one per (peer instance, peer NIC, our NIC). A repeated request (same QPN and PSN) gets the same
+/// reply; a new QPN for the same key replaces the old QP (the peer reconnected); a new instance under a known
+/// segment name drops the old instance's QPs (the peer restarted). At most `capacity` QPs are kept, and at most
+/// 64 x (our NICs) per peer instance. When full, the oldest QP whose requester has not confirmed it
+/// ("rdma.ready") within kReadyWindow is dropped; confirmed ones are in use and are never dropped: the request
+/// is refused (kTooManyRequests) instead. Every request field is peer input and is validated. Thread-safe; the
+/// methods run on the engine's RPC thread and do bounded work (one QP created and connected, a scan of the
+/// table), never waiting on a peer.
 class Responder {
  public:
-  Responder(std::vector<std::shared_ptr<RdmaNic>> nics, const RdmaConfig& cfg, size_t capacity = 4096);
+  /// `instance`: this engine's, sent in every reply (a requester holding an older descriptor of ours sees that
+  /// we restarted).
+  Responder(std::vector<std::shared_ptr<RdmaNic>> nics, const RdmaConfig& cfg, std::string instance = "",
+            size_t capacity = 4096,
+            std::chrono::milliseconds ready_window = kReadyWindow);
   ~Responder();
 
   /// "rdma.connect": {instance, local_nic, peer_nic, qpn, psn, gid, lid, mtu} -> our {nic, qpn, psn, gid, lid,
@@ -34,10 +43,15 @@ class Responder {
 
  private:
   struct Entry;
+  /// How long a requester has to confirm a connection before it may be dropped to make room.
+  static constexpr std::chrono::seconds kReadyWindow{10};
+  Status MakeRoomLocked(const std::string& instance);
 
   const std::vector<std::shared_ptr<RdmaNic>> nics_;
   const RdmaConfig cfg_;
+  const std::string instance_;
   const size_t capacity_;
+  const std::chrono::milliseconds ready_window_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>> entries_;
   uint64_t seq_ = 0;

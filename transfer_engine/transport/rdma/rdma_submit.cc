@@ -161,16 +161,22 @@ void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std:
     }
     for (auto& item : items) {
       const size_t start = static_cast<size_t>(peer->next.fetch_add(1) % peer->local_count);
+      // The rails of the local NICs nearest the item's memory first (when it has such a preference), then any
+      // rail; among them, striping by expected finish time.
+      const std::vector<bool>& pref = std::static_pointer_cast<SliceJob>(item->job)->local->preferred;
       std::optional<size_t> chosen;
       double best = 0;
-      for (size_t step = 0; step < peer->local_count; ++step) {  // rails first
-        const size_t local = (start + step) % peer->local_count;
-        const size_t p = local * npeer + local % npeer;
-        if (!usable[p] || (retry && p == item->pair)) continue;
-        const double finish = (queued[p] + item->length) / rate[p];
-        if (!chosen || finish < best) {
-          chosen = p;
-          best = finish;
+      for (int pass = pref.empty() ? 1 : 0; pass < 2 && !chosen; ++pass) {
+        for (size_t step = 0; step < peer->local_count; ++step) {  // rails first
+          const size_t local = (start + step) % peer->local_count;
+          const size_t p = local * npeer + local % npeer;
+          if (!usable[p] || (retry && p == item->pair)) continue;
+          if (pass == 0 && (local >= pref.size() || !pref[local])) continue;
+          const double finish = (queued[p] + item->length) / rate[p];
+          if (!chosen || finish < best) {
+            chosen = p;
+            best = finish;
+          }
         }
       }
       for (size_t step = 0; step < pairs && !chosen; ++step) {  // then any other pair
@@ -216,14 +222,23 @@ void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std:
     }
     if (!unplaced.empty()) {
       for (auto& u : unplaced) {
-        FinishPiece(std::static_pointer_cast<SliceJob>(u->job), last,
-                    handshake_failed ? SliceRetry::kRefreshPeer : SliceRetry::kOtherPath);
+        auto job = std::static_pointer_cast<SliceJob>(u->job);
+        FinishPiece(job, last, handshake_failed ? SliceRetry::kRefreshPeer : PathsExhausted(*job));
       }
     }
   }
   for (auto& item : items) {
-    FinishPiece(std::static_pointer_cast<SliceJob>(item->job), last, SliceRetry::kOtherPath);
+    auto job = std::static_pointer_cast<SliceJob>(item->job);
+    FinishPiece(job, last, stopping_.load() ? SliceRetry::kOtherPath : PathsExhausted(*job));
   }
+}
+
+SliceRetry RdmaTransport::PathsExhausted(const SliceJob& job) const {
+  // Every NIC pair failed: the peer may have restarted (new QPs, GIDs or keys behind the same name), so the
+  // engine first fetches its descriptor again (once per slice), which rebuilds the endpoints; after that,
+  // another transport may try.
+  if (stopping_.load() || job.slice->refreshed) return SliceRetry::kOtherPath;
+  return SliceRetry::kRefreshPeer;
 }
 
 void RdmaTransport::OnCompletion(size_t nic, const ibv_wc& wc) {
@@ -245,9 +260,7 @@ void RdmaTransport::OnCompletion(size_t nic, const ibv_wc& wc) {
                  wc.status == IBV_WC_REM_ACCESS_ERR);
     }
   }
-  for (auto& f : c.flushed) {
-    ItemFailed(std::move(f), Status(ErrorCode::kEndpoint, ep->label() + " failed before posting"), false);
-  }
+  Resubmit(std::move(c.resubmit));
   // Room on a CQ that was full: endpoints of every peer sharing this NIC may post what waits.
   bool starved = false;
   for (const auto& b : budgets_[nic]) starved = b->starved.exchange(false) || starved;
@@ -262,10 +275,60 @@ void RdmaTransport::OnCompletion(size_t nic, const ibv_wc& wc) {
   for (auto& e : kick) {
     std::vector<std::unique_ptr<WorkItem>> flushed;
     e->Kick(&flushed);
-    for (auto& f : flushed) {
-      ItemFailed(std::move(f), Status(ErrorCode::kEndpoint, e->label() + " failed before posting"), false);
-    }
+    Resubmit(std::move(flushed));  // never posted: not charged
   }
+}
+
+std::shared_ptr<RdmaTransport::Peer> RdmaTransport::CurrentPeer(const std::shared_ptr<Peer>& old) {
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(old->key);
+  if (it != peers_.end()) return it->second;
+  // Forgotten meanwhile (a descriptor refresh): fresh endpoints to the same NICs.
+  auto p = MakePeerLocked(old->key, old->segment, old->nics);
+  peers_[old->key] = p;
+  return p;
+}
+
+void RdmaTransport::Resubmit(std::vector<std::unique_ptr<WorkItem>> items) {
+  if (items.empty()) return;
+  std::map<Peer*, std::pair<std::shared_ptr<Peer>, std::vector<std::unique_ptr<WorkItem>>>> by_peer;
+  for (auto& item : items) {
+    auto job = std::static_pointer_cast<SliceJob>(item->job);
+    auto& slot = by_peer[job->peer.get()];
+    slot.first = job->peer;
+    slot.second.push_back(std::move(item));
+  }
+  for (auto& [raw, slot] : by_peer) {
+    auto peer = CurrentPeer(slot.first);
+    auto shared = std::make_shared<std::vector<std::unique_ptr<WorkItem>>>(std::move(slot.second));
+    RunForPeer(peer, [this, peer, shared] { Dispatch(peer, std::move(*shared), /*retry=*/false); });
+  }
+}
+
+void RdmaTransport::RunForPeer(const std::shared_ptr<Peer>& peer, std::function<void()> fn) {
+  {
+    std::lock_guard lock(peer->retry_mu);
+    peer->retry_jobs.push_back(std::move(fn));
+    if (peer->retry_running) return;  // the strand's runner takes it
+    peer->retry_running = true;
+  }
+  auto drain = [peer] {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::lock_guard lock(peer->retry_mu);
+        if (peer->retry_jobs.empty()) {
+          peer->retry_running = false;
+          return;
+        }
+        job = std::move(peer->retry_jobs.front());
+        peer->retry_jobs.pop_front();
+      }
+      job();
+    }
+  };
+  // Stopped: run here (Dispatch then fails the items at once, without a handshake).
+  if (!worker_ || !worker_->Post(drain)) drain();
 }
 
 void RdmaTransport::ItemFailed(std::unique_ptr<WorkItem> item, const Status& status, bool remote_access) {
@@ -283,26 +346,19 @@ void RdmaTransport::ItemFailed(std::unique_ptr<WorkItem> item, const Status& sta
     if (again) job->slice->attempts++;
   }
   if (!again) {
-    FinishPiece(job, status, SliceRetry::kOtherPath);
+    FinishPiece(job, status, PathsExhausted(*job));
     return;
   }
   job->peer->retries++;
-  std::shared_ptr<Peer> peer;
-  {
-    std::lock_guard lock(mu_);
-    auto it = peers_.find(job->peer->key);
-    peer = it != peers_.end() ? it->second : job->peer;
-  }
-  // On the worker: a retry may need a handshake, which must not run on a polling thread.
+  std::shared_ptr<Peer> peer = CurrentPeer(job->peer);
+  // On the peer's strand of the worker pool: a retry may need a handshake, which must not run on a polling
+  // thread, and a slow peer's handshakes hold up only its own retries.
   auto shared = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
-  bool posted = worker_ && worker_->Post([this, peer, shared] {
+  RunForPeer(peer, [this, peer, shared] {
     std::vector<std::unique_ptr<WorkItem>> one;
     one.push_back(std::move(*shared));
     Dispatch(peer, std::move(one), /*retry=*/true);
   });
-  if (!posted && *shared) {
-    FinishPiece(std::static_pointer_cast<SliceJob>((*shared)->job), status, SliceRetry::kOtherPath);
-  }
 }
 
 void RdmaTransport::FinishPiece(const std::shared_ptr<SliceJob>& job, const Status& status, SliceRetry retry) {

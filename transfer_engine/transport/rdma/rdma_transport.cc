@@ -20,15 +20,13 @@ namespace {
 
 std::string DeviceMemoryText(const VerbsApi* api) {
   std::string dmabuf = api && api->reg_dmabuf_mr
-                           ? "dma-buf: unavailable (libibverbs has ibv_reg_dmabuf_mr, but this transport registers "
-                             "host memory only)"
+                           ? "dma-buf: available (ibv_reg_dmabuf_mr, for device memory whose platform exports a "
+                             "dma-buf fd)"
                            : "dma-buf: unavailable (no ibv_reg_dmabuf_mr in this libibverbs)";
-  struct stat st;
-  bool peermem = stat("/sys/kernel/mm/memory_peers", &st) == 0 || stat("/sys/module/nvidia_peermem", &st) == 0;
-  std::string peer = peermem ? "peer memory: a peer-memory client is loaded, but this transport registers host "
-                               "memory only"
-                             : "peer memory: unavailable (no nvidia_peermem / memory_peers in this kernel)";
-  return dmabuf + "; " + peer;
+  std::string peer = api && api->peer_memory && api->peer_memory()
+                         ? "peer memory: available (a peer-memory client is loaded: ibv_reg_mr on device pointers)"
+                         : "peer memory: unavailable (no nvidia_peermem / memory_peers in this kernel)";
+  return dmabuf + "; " + peer + "; other device memory is declined";
 }
 
 }  // namespace
@@ -77,6 +75,12 @@ TransportProbe ProbeRdma() {
   return p;
 }
 
+namespace {
+// Retry threads: each peer's retries run on one at a time (its strand), so a peer whose handshakes hang holds
+// up only its own retries while fewer than this many peers hang at once.
+constexpr int kRetryThreads = 4;
+}  // namespace
+
 RdmaTransport::RdmaTransport() = default;
 RdmaTransport::RdmaTransport(const VerbsApi* api) : api_(api), api_given_(api != nullptr) {}
 RdmaTransport::~RdmaTransport() { Stop(); }
@@ -85,7 +89,11 @@ TransportCapabilities RdmaTransport::capabilities() const {
   TransportCapabilities c;
   c.remote_hosts = true;
   c.same_host = true;
-  c.memory = {{MemoryType::kHost, MemoryType::kHost}};
+  // Device memory too, registered per region through dma-buf or peer memory, or declined (RegisterRegion).
+  const MemoryType kinds[] = {MemoryType::kHost, MemoryType::kCuda, MemoryType::kRocm};
+  for (MemoryType l : kinds) {
+    for (MemoryType r : kinds) c.memory.emplace_back(l, r);
+  }
   c.priority = 20;  // before tcp
   return c;
 }
@@ -146,20 +154,25 @@ Status RdmaTransport::Start(const TransportContext& ctx) {
                   "no usable RDMA device" + (skipped.empty() ? std::string(" (none admitted by the allow-list)")
                                                              : ": " + skipped));
   }
+  if (ctx.config) {
+    Status topo = LoadTopology(ctx.config->custom_topology_path);
+    if (!topo.ok()) MC_LOG(kWarning) << "rdma: " << topo.message() << "; NICs are chosen by NUMA node only";
+  }
+  MC_LOG(kInfo) << "rdma: device memory: " << DeviceMemoryText(api_);
   chunk_size_ = cfg_.max_mr_size;
   for (const auto& nic : nics_) {
     uint64_t m = nic->info().max_mr_size;
     if (m > 0 && (chunk_size_ == 0 || m < chunk_size_)) chunk_size_ = m;
   }
   if (chunk_size_ != 0) chunk_size_ = std::max<uint64_t>(chunk_size_ & ~uint64_t{4095}, 4096);
-  worker_ = std::make_unique<WorkQueue>(1);
+  worker_ = std::make_unique<WorkQueue>(kRetryThreads);
   for (size_t i = 0; i < nics_.size(); ++i) {
     std::vector<std::shared_ptr<CqBudget>> b;
     for (size_t c = 0; c < nics_[i]->num_cqs(); ++c) b.push_back(std::make_shared<CqBudget>(cfg_.max_cqe));
     budgets_.push_back(std::move(b));
     nics_[i]->Start([this, i](const ibv_wc& wc) { OnCompletion(i, wc); });
   }
-  responder_ = std::make_unique<Responder>(nics_, cfg_);
+  responder_ = std::make_unique<Responder>(nics_, cfg_, ctx.instance);
   if (ctx.host) {
     MC_RETURN_IF_ERROR(ctx.host->RegisterMethod("rdma.connect", [this](const std::string& p) -> StatusOr<std::string> {
       if (stopping_.load()) return Status(ErrorCode::kContext, "the rdma transport is stopping");
@@ -211,63 +224,6 @@ std::vector<NicInfo> RdmaTransport::nics() const {
 
 // ---------------------------------------------------------------------------------------------- memory
 
-StatusOr<RegionRegistration> RdmaTransport::RegisterRegion(const MemoryRegion& region) {
-  RegionRegistration r;
-  if (region.kind.type != MemoryType::kHost) {
-    r.declined = true;
-    r.why_declined = "the rdma transport registers host memory only (no dma-buf or peer-memory path yet)";
-    return r;
-  }
-  if (nics_.empty()) return Status(ErrorCode::kContext, "the rdma transport is not started");
-  const int access = IBV_ACCESS_LOCAL_WRITE |
-                     (region.remote_accessible ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ : 0);
-  const uint64_t chunk = chunk_size_ && region.length > chunk_size_ ? chunk_size_ : 0;
-  const size_t chunks = chunk ? static_cast<size_t>((region.length + chunk - 1) / chunk) : 1;
-  auto state = std::make_shared<RdmaRegionState>(api_, region.start, chunk);
-  nlohmann::json lkeys = nlohmann::json::array(), rkeys = nlohmann::json::array();
-  nlohmann::json chunk_rkeys = nlohmann::json::array();
-  for (const auto& nic : nics_) {
-    std::vector<ibv_mr*> mrs;
-    nlohmann::json per_chunk = nlohmann::json::array();
-    for (size_t k = 0; k < chunks; ++k) {
-      uint64_t off = chunk * k;
-      uint64_t len = chunk ? std::min(chunk, region.length - off) : region.length;
-      ibv_mr* mr = api_->reg_mr(nic->pd(), reinterpret_cast<void*>(region.start + off), len, access);
-      if (!mr) {
-        int err = errno;
-        state->Add(nic, std::move(mrs));  // released with the state
-        return Status(ErrorCode::kMemory, "rdma: ibv_reg_mr of " + Range(region.start + off, len) + " on " +
-                                              nic->info().name + ": " + strerror(err));
-      }
-      mrs.push_back(mr);
-      per_chunk.push_back(mr->rkey);
-    }
-    lkeys.push_back(mrs[0]->lkey);
-    rkeys.push_back(mrs[0]->rkey);
-    chunk_rkeys.push_back(std::move(per_chunk));
-    state->Add(nic, std::move(mrs));
-  }
-  if (!Publishes()) {  // the efa transport owns Mooncake's devices/lkey/rkey names in this engine
-    r.state = std::move(state);
-    return r;
-  }
-  r.descriptor_fields["lkey"] = lkeys;
-  if (region.remote_accessible) {
-    r.descriptor_fields["rkey"] = rkeys;
-    if (chunk) {
-      r.descriptor_fields["rdma_chunk_size"] = chunk;
-      r.descriptor_fields["rdma_chunk_rkeys"] = chunk_rkeys;
-    }
-  }
-  r.state = std::move(state);
-  return r;
-}
-
-void RdmaTransport::UnregisterRegion(const MemoryRegion& region) {
-  const MemoryRegion::TransportEntry* e = region.transport("rdma");
-  if (e && e->state) static_cast<const RdmaRegionState*>(e->state.get())->Release();
-}
-
 void RdmaTransport::Describe(nlohmann::json& d) const {
   if (!Publishes()) return;
   nlohmann::json devices = nlohmann::json::array();
@@ -304,6 +260,24 @@ bool RdmaTransport::CanReach(const SegmentDescriptor& peer) const {
   return !nics_.empty() && !stopping_.load() && PeerDevices(peer).has_value();
 }
 
+std::shared_ptr<RdmaTransport::Peer> RdmaTransport::MakePeerLocked(const std::string& key,
+                                                                   const std::string& segment,
+                                                                   const std::vector<PeerNic>& nics) {
+  auto p = std::make_shared<Peer>();
+  p->key = key;
+  p->segment = segment;
+  p->nics = nics;
+  p->local_count = nics_.size();
+  for (size_t i = 0; i < nics_.size(); ++i) {
+    for (size_t j = 0; j < p->nics.size(); ++j) {
+      size_t cq = nics_[i]->NextCq();
+      p->eps.push_back(std::make_shared<Endpoint>(nics_[i], i, budgets_[i][cq], cq, cfg_,
+                                                  nics_[i]->info().name + "->" + segment + "@" + p->nics[j].name));
+    }
+  }
+  return p;
+}
+
 std::shared_ptr<RdmaTransport::Peer> RdmaTransport::PeerFor(const SegmentDescriptor& desc, Status* error) {
   auto devices = PeerDevices(desc);
   if (!devices) {
@@ -311,32 +285,47 @@ std::shared_ptr<RdmaTransport::Peer> RdmaTransport::PeerFor(const SegmentDescrip
     return nullptr;
   }
   const std::string key = JsonString(desc.json, "instance").value_or(desc.name);
-  std::lock_guard lock(mu_);
-  auto it = peers_.find(key);
-  if (it != peers_.end()) {
-    const Peer& old = *it->second;
-    bool same = old.nics.size() == devices->size();
-    for (size_t j = 0; same && j < old.nics.size(); ++j) {
-      same = old.nics[j].name == std::get<0>((*devices)[j]) &&
-             memcmp(old.nics[j].gid.raw, std::get<1>((*devices)[j]).raw, 16) == 0;
+  std::vector<PeerNic> nics;
+  for (const auto& [name, gid, lid] : *devices) nics.push_back({name, gid, lid});
+  std::vector<std::shared_ptr<Peer>> stale;
+  std::shared_ptr<Peer> p;
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(key);
+    if (it != peers_.end()) {
+      const Peer& old = *it->second;
+      bool same = old.nics.size() == nics.size();
+      for (size_t j = 0; same && j < old.nics.size(); ++j) {
+        same = old.nics[j].name == nics[j].name && memcmp(old.nics[j].gid.raw, nics[j].gid.raw, 16) == 0 &&
+               old.nics[j].lid == nics[j].lid;
+      }
+      if (same) return it->second;
+      // The peer's NICs changed (new GIDs: its HCAs were replaced or re-addressed): its old QPs are dead.
+      MC_LOG(kInfo) << "rdma: the NICs of '" << desc.name << "' changed; its endpoints are rebuilt";
+      stale.push_back(it->second);
+      peers_.erase(it);
     }
-    if (same) return it->second;
-    // The peer's NICs changed: its old endpoints drain on their own (routes_ keeps them until then).
-  }
-  auto p = std::make_shared<Peer>();
-  p->key = key;
-  p->segment = desc.name;
-  for (const auto& [name, gid, lid] : *devices) p->nics.push_back({name, gid, lid});
-  p->local_count = nics_.size();
-  for (size_t i = 0; i < nics_.size(); ++i) {
-    for (size_t j = 0; j < p->nics.size(); ++j) {
-      size_t cq = nics_[i]->NextCq();
-      p->eps.push_back(std::make_shared<Endpoint>(nics_[i], i, budgets_[i][cq], cq, cfg_,
-                                                  nics_[i]->info().name + "->" + desc.name + "@" + p->nics[j].name));
+    // Another instance under the same segment name: the peer restarted; the old one's QPs are gone with it.
+    for (auto i = peers_.begin(); i != peers_.end();) {
+      if (i->second->segment == desc.name) {
+        MC_LOG(kInfo) << "rdma: '" << desc.name << "' restarted (instance " << key << "); old endpoints retired";
+        stale.push_back(i->second);
+        i = peers_.erase(i);
+      } else {
+        ++i;
+      }
     }
+    p = MakePeerLocked(key, desc.name, nics);
+    peers_[key] = p;
   }
-  peers_[key] = p;
+  for (const auto& old : stale) RetireEndpoints(*old);
   return p;
+}
+
+void RdmaTransport::RetireEndpoints(const Peer& p) {
+  for (size_t pair = 0; pair < p.eps.size(); ++pair) {
+    if (uint32_t qpn = p.eps[pair]->Retire()) Unroute(pair / p.nics.size(), qpn, p.eps[pair].get());
+  }
 }
 
 void RdmaTransport::ForgetPeer(const std::string& segment_name) {
@@ -354,11 +343,7 @@ void RdmaTransport::ForgetPeer(const std::string& segment_name) {
   }
   // Idle endpoints close now; those with work in flight stay routed, finish it, then close. New work gets
   // fresh connections.
-  for (const auto& p : gone) {
-    for (size_t pair = 0; pair < p->eps.size(); ++pair) {
-      if (uint32_t qpn = p->eps[pair]->Retire()) Unroute(pair / p->nics.size(), qpn, p->eps[pair].get());
-    }
-  }
+  for (const auto& p : gone) RetireEndpoints(*p);
 }
 
 void RdmaTransport::Route(size_t nic, uint32_t qpn, const std::shared_ptr<Endpoint>& ep) {
@@ -391,6 +376,13 @@ StatusOr<QpAddress> RdmaTransport::Handshake(const Peer& peer, size_t peer_nic, 
   std::optional<ibv_gid> g = gid ? ParseGid(*gid) : std::nullopt;
   if (!j.is_object() || !qpn || *qpn == 0 || !psn || !lid || !mtu || *mtu < IBV_MTU_256 || !g) {
     return Status(ErrorCode::kRejectHandshake, "malformed rdma.connect reply from '" + peer.segment + "'");
+  }
+  // The engine answering at the peer's address is another instance than the descriptor we hold: the peer
+  // restarted, and the descriptor (GIDs, keys) is stale.
+  auto instance = JsonString(j, "instance");
+  if (instance && *instance != peer.key && peer.key != peer.segment) {
+    return Status(ErrorCode::kStaleMetadata, "'" + peer.segment + "' restarted (instance " + *instance +
+                                                 ", the descriptor's is " + peer.key + ")");
   }
   QpAddress out;
   out.nic = peer.nics[peer_nic].name;

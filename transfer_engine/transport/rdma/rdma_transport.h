@@ -19,26 +19,34 @@
 
 namespace mooncake::te::rdma {
 
+class RdmaRegionState;
+enum class RegPath : uint8_t;
+
 /// RDMA WRITE / READ over ibverbs RC queue pairs (RoCE, InfiniBand). libibverbs is dlopen'ed (verbs_api.h).
 ///
 /// NICs: every HCA the allow-list (device_name, else MC_TE_FILTERS) admits and InspectDevice accepts, each with
 /// its own context, PD, CQs and polling threads (rdma_nic.h); skipped HCAs are logged with the reason.
-/// Memory: every host registration is registered on every NIC, in chunks of at most the smallest max_mr_size
-/// (or MC_MAX_MR_SIZE); the buffer's descriptor entry gets Mooncake's `lkey[]`/`rkey[]` (indexed like
-/// `devices`, first chunk) and, for a chunked region, `rdma_chunk_size` and `rdma_chunk_rkeys[device][chunk]`.
+/// Memory: every registration is registered on every NIC (host memory with ibv_reg_mr; device memory through
+/// dma-buf or peer memory, else declined), in chunks of at most the smallest max_mr_size (or MC_MAX_MR_SIZE),
+/// as a local MR and, for remote-accessible memory, a remote MR; the buffer's descriptor entry gets Mooncake's
+/// `lkey[]`/`rkey[]` (indexed like `devices`, first chunk) and, for a chunked region, `rdma_chunk_size` and
+/// `rdma_chunk_rkeys[device][chunk]`. Withdrawal deregisters the remote MRs at once.
 /// The segment descriptor gets `devices: [{name, lid, gid}]`.
 /// Connections: one RC QP per (local NIC, peer NIC), made on first use through the handshake methods
 /// "rdma.connect" (QPN, PSN, GID, LID, MTU each way; the passive end is RTS before it replies) and
 /// "rdma.ready". Slices are cut at registration-chunk boundaries, striped over the rails (local NIC i with peer
-/// NIC i) by expected finish time (bytes queued / measured throughput), other pairs only when no rail is usable,
-/// and posted with at most MC_MAX_WR in flight per QP.
-/// Errors: an error completion fails only its endpoint (backoff, doubling to MC_RDMA_RAIL_PAUSE_SECONDS); its
-/// work moves to another NIC pair, at most MC_RETRY_CNT times per slice, then the slice fails with kOtherPath;
+/// NIC i) by expected finish time (bytes queued / measured throughput), preferring the rails of the local NICs
+/// nearest the memory (topology matrix, else NUMA node), other pairs only when no rail is usable, and posted with
+/// at most MC_MAX_WR in flight per QP.
+/// Errors: an error completion fails only its endpoint (backoff, doubling to MC_RDMA_RAIL_PAUSE_SECONDS) and
+/// charges only its own WR; that WR moves to another NIC pair, at most MC_RETRY_CNT times per slice, then the
+/// slice fails with kRefreshPeer once, then kOtherPath; the WRs flushed behind it move again, uncharged, once
+/// the endpoint was reset;
 /// IBV_WC_REM_ACCESS_ERR (the peer no longer registers the range) fails with kRemoteRejected and kRefreshPeer.
 /// Every remote range is checked against the peer's descriptor before posting; every descriptor and handshake
 /// field from a peer is validated.
 /// Threading: Submit from any thread (it may block for a handshake); completions on the NICs' polling threads;
-/// retries and reconnections on the transport's own worker thread.
+/// retries and reconnections on the transport's retry pool, one strand per peer.
 class RdmaTransport : public Transport {
  public:
   RdmaTransport();
@@ -51,7 +59,14 @@ class RdmaTransport : public Transport {
   Status Configure(const TransportOptions& options) override;
   Status Start(const TransportContext& ctx) override;
   void Stop() override;
+  /// Host memory: ibv_reg_mr. Device memory: ibv_reg_dmabuf_mr on region.backing_fd (the dma-buf the platform
+  /// exported) when there is one, else ibv_reg_mr on the pointer when a peer-memory client is loaded, else
+  /// declined with both reasons. Each NIC gets a local-only MR (lkey[]) and, for remote-accessible memory, a
+  /// remote MR (rkey[]). The region's preferred NICs: those the topology matrix (MC_CUSTOM_TOPO_JSON) lists
+  /// first for its location, else those on its NUMA node (host memory).
   StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
+  /// Deregisters the remote MRs: a peer's late access fails with a remote access error from now on.
+  void WithdrawRegion(const MemoryRegion& region) override;
   void UnregisterRegion(const MemoryRegion& region) override;
   void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
@@ -66,11 +81,19 @@ class RdmaTransport : public Transport {
 
   /// The NICs in use (for logs and tests).
   std::vector<NicInfo> nics() const;
+  /// How this transport registered `region` ("host", "dma-buf", "peer memory"); "" when it holds no state for
+  /// it (declined, or not registered). For logs and tests.
+  static std::string RegistrationPath(const MemoryRegion& region);
 
  private:
   struct Peer;
+  struct PeerNic;
   struct SliceJob;
 
+  Status LoadTopology(const std::string& path);
+  std::vector<bool> PreferredNics(const MemoryRegion& region, std::string* why) const;
+  StatusOr<std::shared_ptr<RdmaRegionState>> RegisterWith(const MemoryRegion& region, RegPath path,
+                                                          nlohmann::json* fields) const;
   std::shared_ptr<Peer> PeerFor(const SegmentDescriptor& desc, Status* error);
   void Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std::unique_ptr<WorkItem>> items, bool retry);
   bool SetKeys(const Peer& peer, WorkItem& item, size_t pair) const;
@@ -79,7 +102,19 @@ class RdmaTransport : public Transport {
   void Route(size_t nic, uint32_t qpn, const std::shared_ptr<Endpoint>& ep);
   void Unroute(size_t nic, uint32_t qpn, const Endpoint* ep);
   void ItemFailed(std::unique_ptr<WorkItem> item, const Status& status, bool remote_access);
+  /// Moves items that were not at fault again (on their peer's strand), without charging a retry.
+  void Resubmit(std::vector<std::unique_ptr<WorkItem>> items);
+  /// Runs `fn` on the worker pool after the peer's earlier jobs (one strand per peer).
+  void RunForPeer(const std::shared_ptr<Peer>& peer, std::function<void()> fn);
+  /// The live Peer for `old`'s key (re-made with fresh endpoints when it was forgotten meanwhile).
+  std::shared_ptr<Peer> CurrentPeer(const std::shared_ptr<Peer>& old);
+  std::shared_ptr<Peer> MakePeerLocked(const std::string& key, const std::string& segment,
+                                       const std::vector<PeerNic>& nics);
+  /// Endpoints of a peer that is no longer used: idle ones close now, busy ones once drained.
+  void RetireEndpoints(const Peer& peer);
   void FinishPiece(const std::shared_ptr<SliceJob>& job, const Status& status, SliceRetry retry);
+  /// How a slice that no NIC pair could move fails: kRefreshPeer once, then kOtherPath.
+  SliceRetry PathsExhausted(const SliceJob& job) const;
 
   const VerbsApi* api_ = nullptr;
   bool api_given_ = false;
@@ -88,7 +123,8 @@ class RdmaTransport : public Transport {
   std::vector<std::shared_ptr<RdmaNic>> nics_;
   std::vector<std::vector<std::shared_ptr<CqBudget>>> budgets_;  // [nic][cq]
   uint64_t chunk_size_ = 0;  // registration chunk; 0: unlimited
-  std::unique_ptr<WorkQueue> worker_;  // retries and their reconnections
+  std::map<std::string, std::vector<std::string>> topology_;  // location -> its preferred NIC names
+  std::unique_ptr<WorkQueue> worker_;  // retries and their reconnections, one strand per peer
   std::atomic<bool> stopping_{false};
 
   mutable std::mutex mu_;  // guards peers_, routes_

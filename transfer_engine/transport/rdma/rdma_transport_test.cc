@@ -2,14 +2,23 @@
 
 #include "transfer_engine/transport/rdma/rdma_transport.h"
 
+#include "transfer_engine/transport/rdma/rdma_responder.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
 
 #include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "transfer_engine/platform/host_emulation/host_emulation_platform.h"
 #include "transfer_engine/transport/rdma/testing/fake_verbs.h"
 
 namespace mooncake::te::rdma {
@@ -23,6 +32,32 @@ const bool kEnv = [] {
 }();
 
 const VerbsApi* Api() { return fake::FakeVerbs(); }
+
+// The fd of this process that maps `addr` (the memfd behind a host emulation allocation) and the offset in it.
+bool BackingFd(uint64_t addr, int* fd, uint64_t* offset) {
+  FILE* maps = fopen("/proc/self/maps", "re");
+  if (!maps) return false;
+  char line[512];
+  unsigned long long start = 0, end = 0, off = 0, inode = 0;
+  bool found = false;
+  while (!found && fgets(line, sizeof(line), maps)) {
+    unsigned major, minor;
+    char perms[8];
+    found = sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &off, &major, &minor, &inode) == 7 &&
+            addr >= start && addr < end && inode != 0;
+  }
+  fclose(maps);
+  if (!found) return false;
+  for (int i = 0; i < 4096; ++i) {
+    struct stat st;
+    if (fstat(i, &st) == 0 && S_ISREG(st.st_mode) && st.st_ino == inode) {
+      *fd = i;
+      *offset = off + (addr - start);
+      return true;
+    }
+  }
+  return false;
+}
 
 class Devices {
  public:
@@ -161,7 +196,208 @@ TEST_F(RdmaTransportTest, RegistrationPublishesKeysPerDevice) {
   r.kind = MemoryKind{MemoryType::kCuda, 0};
   auto dev = t_.RegisterRegion(r);
   ASSERT_TRUE(dev.ok());
+  // Device memory without a dma-buf fd, and no peer-memory client (MC_RDMA_FAKE_PEERMEM unset): declined, saying
+  // why for both paths.
   EXPECT_TRUE(dev->declined);
+  EXPECT_NE(dev->why_declined.find("dma-buf: the platform exported no dma-buf fd"), std::string::npos)
+      << dev->why_declined;
+  EXPECT_NE(dev->why_declined.find("peer memory: no peer-memory client"), std::string::npos) << dev->why_declined;
+  EXPECT_EQ(dev->state, nullptr);
+}
+
+// The responder table: confirmed connections are never evicted (a full table refuses instead), unconfirmed ones
+// may be; a restarted peer's old QPs go; one instance cannot take the whole table.
+TEST(RdmaResponderTest, EvictsOnlyUnconfirmedEntriesAndBoundsEachPeer) {
+  Devices d;
+  RdmaConfig cfg;
+  auto info = InspectDevice(Api(), d.Get("good0"), cfg);
+  ASSERT_TRUE(info.ok());
+  auto nic = RdmaNic::Open(Api(), d.Get("good0"), *info, cfg);
+  ASSERT_TRUE(nic.ok());
+  auto req = [](const std::string& instance, const std::string& segment, const std::string& local, uint32_t qpn) {
+    return nlohmann::json{{"instance", instance}, {"segment", segment}, {"local_nic", local}, {"peer_nic", "good0"},
+                          {"qpn", qpn}, {"psn", 1}, {"gid", "0000:0000:0000:0000:0000:ffff:0a00:0001"}, {"lid", 0},
+                          {"mtu", 3}}
+        .dump();
+  };
+  auto ready = [](const std::string& instance, const std::string& local, uint32_t qpn) {
+    return nlohmann::json{{"instance", instance}, {"local_nic", local}, {"peer_nic", "good0"}, {"qpn", qpn}}.dump();
+  };
+  {
+    Responder r({*nic}, cfg, "self", /*capacity=*/2, /*ready_window=*/std::chrono::milliseconds(0));
+    auto a = r.Connect(req("i1", "s1", "x0", 0x100));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(r.Ready(ready("i1", "x0", 0x100)).ok());
+    ASSERT_TRUE(r.Connect(req("i2", "s2", "x0", 0x200)).ok());
+    ASSERT_TRUE(r.Ready(ready("i2", "x0", 0x200)).ok());
+    auto c = r.Connect(req("i3", "s3", "x0", 0x300));
+    EXPECT_EQ(c.status().code(), ErrorCode::kTooManyRequests) << "a confirmed connection was evicted";
+    auto again = r.Connect(req("i1", "s1", "x0", 0x100));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *a) << "i1's QP is still the same";
+    // s2 restarts as i4: i2's QP goes at once, which makes room.
+    ASSERT_TRUE(r.Connect(req("i4", "s2", "x0", 0x400)).ok());
+    EXPECT_EQ(r.size(), 2u);
+    EXPECT_FALSE(r.Ready(ready("i2", "x0", 0x200)).ok());
+    // i4 never confirms: a newcomer may take its place.
+    ASSERT_TRUE(r.Connect(req("i5", "s5", "x0", 0x500)).ok());
+    EXPECT_FALSE(r.Ready(ready("i4", "x0", 0x400)).ok());
+    EXPECT_TRUE(r.Ready(ready("i1", "x0", 0x100)).ok());
+  }
+  {
+    Responder r({*nic}, cfg);
+    int refused = 0;
+    for (uint32_t k = 0; k < 65; ++k) {
+      refused += r.Connect(req("greedy", "g", "x" + std::to_string(k), 0x1000 + k)).status().code() ==
+                 ErrorCode::kTooManyRequests;
+    }
+    EXPECT_EQ(refused, 1) << "one instance holds at most 64 x our NICs";
+    EXPECT_TRUE(r.Connect(req("other", "o", "x0", 0x9000)).ok());
+  }
+  (*nic)->Stop();
+}
+
+// A requester QP of our own on good0, connected to the transport's responder through "rdma.connect": it uses the
+// keys the transport published as a peer would.
+class RawRequester {
+ public:
+  explicit RawRequester(size_t len) : mem(len) {}
+  ~RawRequester() {
+    if (qp_) V().destroy_qp(qp_);
+    if (mr_) V().dereg_mr(mr_);
+    if (cq_) V().destroy_cq(cq_);
+    if (pd_) V().dealloc_pd(pd_);
+    if (ctx_) V().close_device(ctx_);
+    if (list_) V().free_device_list(list_);
+  }
+  void Connect(TransportHost::MethodHandler& connect) {
+    int n = 0;
+    list_ = V().get_device_list(&n);
+    for (int i = 0; i < n; ++i) {
+      if (std::string(V().get_device_name(list_[i])) == "good0") ctx_ = V().open_device(list_[i]);
+    }
+    ASSERT_NE(ctx_, nullptr);
+    pd_ = V().alloc_pd(ctx_);
+    cq_ = V().create_cq(ctx_, 64, nullptr, nullptr, 0);
+    mr_ = V().reg_mr(pd_, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_TRUE(pd_ && cq_ && mr_);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = cq_;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = 16;
+    init.cap.max_recv_wr = init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    qp_ = V().create_qp(pd_, &init);
+    ASSERT_NE(qp_, nullptr);
+    ibv_gid gid;
+    V().query_gid(ctx_, 1, 2, &gid);
+    nlohmann::json req = {{"instance", "raw"}, {"segment", "raw"}, {"local_nic", "raw0"}, {"peer_nic", "good0"},
+                          {"qpn", qp_->qp_num}, {"psn", 11}, {"gid", GidText(gid)}, {"lid", 0},
+                          {"mtu", IBV_MTU_4096}, {"rd_atom", 16}};
+    auto reply = connect(req.dump());
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    nlohmann::json j = nlohmann::json::parse(*reply);
+    QpAddress peer;
+    peer.qpn = j["qpn"].get<uint32_t>();
+    peer.psn = j["psn"].get<uint32_t>();
+    peer.mtu = j["mtu"].get<int>();
+    peer.rd_atom = 16;
+    peer.gid = *ParseGid(j["gid"].get<std::string>());
+    NicInfo local;
+    local.gid_index = 2;
+    local.active_mtu = IBV_MTU_4096;
+    Status st = ConnectQp(Api(), qp_, local, peer, 11, RdmaConfig(), QpRole::kRequester);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  ibv_wc_status Run(ibv_wr_opcode op, size_t off, uint64_t remote, uint32_t rkey, uint32_t len) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(mem.data()) + off, len, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    if (V().post_send(qp_, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+    ibv_wc wc{};
+    for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+         std::chrono::steady_clock::now() < until;) {
+      if (V().poll_cq(cq_, 1, &wc) == 1) return wc.status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return IBV_WC_GENERAL_ERR;
+  }
+  std::vector<uint8_t> mem;
+
+ private:
+  static const VerbsApi& V() { return *Api(); }
+  ibv_device** list_ = nullptr;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+};
+
+// Device memory whose platform exported a dma-buf fd (here: the host emulation's memfd) is registered with
+// ibv_reg_dmabuf_mr; a peer's writes and reads through its rkey reach the device buffer.
+TEST_F(RdmaTransportTest, DeviceMemoryWithADmabufFdIsRegisteredThroughDmabuf) {
+  auto platform = MakeHostEmulationPlatform(1);
+  constexpr size_t kLen = 1 << 20;
+  auto dev = platform->Allocate(kLen, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  MemoryRegion r;
+  r.start = reinterpret_cast<uint64_t>(*dev);
+  r.length = kLen;
+  r.kind = MemoryKind{MemoryType::kCuda, 0};
+  ASSERT_TRUE(BackingFd(r.start, &r.backing_fd, &r.backing_offset)) << "the emulation's memfd is not open here";
+  auto reg = t_.RegisterRegion(r);
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_FALSE(reg->declined) << reg->why_declined;
+  r.transports.push_back({"rdma", reg->descriptor_fields, reg->state});
+  EXPECT_EQ(RdmaTransport::RegistrationPath(r), "dma-buf");
+  const uint32_t lkey = reg->descriptor_fields["lkey"][0].get<uint32_t>();
+  const uint32_t rkey = reg->descriptor_fields["rkey"][0].get<uint32_t>();
+  EXPECT_NE(lkey, rkey) << "local and remote MRs are separate";
+
+  RawRequester peer(kLen);
+  peer.Connect(host_.methods["rdma.connect"]);
+  for (size_t i = 0; i < kLen; ++i) peer.mem[i] = static_cast<uint8_t>(i * 13 + 1);
+  ASSERT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start + 4096, rkey, 65536), IBV_WC_SUCCESS);
+  std::vector<uint8_t> back(65536);
+  auto copy = platform->CopyAsync(back.data(), reinterpret_cast<const uint8_t*>(*dev) + 4096, back.size(), 0);
+  ASSERT_TRUE(copy.ok() && (*copy)->Wait().ok());
+  EXPECT_EQ(memcmp(back.data(), peer.mem.data(), back.size()), 0) << "host -> device bytes damaged";
+  memset(reinterpret_cast<uint8_t*>(*dev) + 8192, 0x7e, 4096);
+  ASSERT_EQ(peer.Run(IBV_WR_RDMA_READ, 100000, r.start + 8192, rkey, 4096), IBV_WC_SUCCESS);
+  EXPECT_EQ(peer.mem[100000], 0x7e);
+  EXPECT_EQ(peer.mem[100000 + 4095], 0x7e);
+  EXPECT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start, lkey, 64), IBV_WC_REM_ACCESS_ERR) << "an lkey is no rkey";
+  t_.UnregisterRegion(r);
+  ASSERT_TRUE(platform->Free(*dev, kLen, AllocationKind::kDevice).ok());
+}
+
+// Withdrawing a region stops remote access at once (before the engine drains our own transfers, which keep
+// their local keys until UnregisterRegion).
+TEST_F(RdmaTransportTest, WithdrawnRegionsRefuseRemoteAccessAtOnce) {
+  std::vector<uint8_t> mem(1 << 16, 0);
+  MemoryRegion r;
+  r.start = reinterpret_cast<uint64_t>(mem.data());
+  r.length = mem.size();
+  auto reg = t_.RegisterRegion(r);
+  ASSERT_TRUE(reg.ok());
+  r.transports.push_back({"rdma", reg->descriptor_fields, reg->state});
+  const uint32_t rkey = reg->descriptor_fields["rkey"][0].get<uint32_t>();
+  RawRequester peer(1 << 16);
+  peer.Connect(host_.methods["rdma.connect"]);
+  peer.mem[0] = 1;
+  ASSERT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start, rkey, 64), IBV_WC_SUCCESS);
+  EXPECT_EQ(mem[0], 1);
+  t_.WithdrawRegion(r);
+  peer.mem[0] = 2;
+  EXPECT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start, rkey, 64), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(mem[0], 1) << "a late write landed in withdrawn memory";
+  t_.UnregisterRegion(r);
 }
 
 TEST_F(RdmaTransportTest, ConnectRequestsAreValidated) {

@@ -1,6 +1,7 @@
 #include "transfer_engine/transport/rdma/verbs_api.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -22,6 +23,13 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) { return qp->contex
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) { return qp->context->ops.post_recv(qp, wr, bad); }
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc) { return cq->context->ops.poll_cq(cq, n, wc); }
 int ReqNotifyCq(ibv_cq* cq, int solicited) { return cq->context->ops.req_notify_cq(cq, solicited); }
+
+// Whether the kernel has a peer-memory client, which lets ibv_reg_mr pin GPU memory (GPUDirect RDMA without
+// dma-buf): the memory_peers interface (MLNX_OFED) or the nvidia_peermem module.
+int PeerMemory() {
+  struct stat st;
+  return stat("/sys/kernel/mm/memory_peers", &st) == 0 || stat("/sys/module/nvidia_peermem", &st) == 0 ? 1 : 0;
+}
 
 template <typename Fn>
 bool Resolve(void* lib, const char* name, Fn* out, std::string* why) {
@@ -71,6 +79,7 @@ const VerbsApi* LoadReal(std::string* why) {
     a.query_gid_ex = QueryGidEx;
   }
   if (void* sym = dlsym(lib, "ibv_reg_dmabuf_mr")) a.reg_dmabuf_mr = reinterpret_cast<decltype(a.reg_dmabuf_mr)>(sym);
+  a.peer_memory = PeerMemory;
   a.post_send = PostSend;
   a.post_recv = PostRecv;
   a.poll_cq = PollCq;
@@ -93,6 +102,10 @@ const VerbsApi* LoadFake(const std::string& path, std::string* why) {
   }
   const VerbsApi* api = entry(sizeof(VerbsApi));
   if (api == nullptr) *why = path + ": the fake verbs provider was built with another VerbsApi";
+  if (api != nullptr && api->peer_memory == nullptr) {
+    *why = path + ": the fake verbs provider has no peer_memory entry";
+    return nullptr;
+  }
   return api;
 }
 

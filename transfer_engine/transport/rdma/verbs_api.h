@@ -41,6 +41,10 @@ struct VerbsApi {
   /// May be null (no dma-buf support in this libibverbs).
   ibv_mr* (*reg_dmabuf_mr)(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
                            int access) = nullptr;
+  /// 1 when reg_mr accepts device (GPU) memory: a peer-memory client (nvidia_peermem, or the kernel's
+  /// memory_peers interface) is loaded. Not a libibverbs call: the real table asks sysfs; a fake answers from
+  /// its configuration. Never null once loaded.
+  int (*peer_memory)() = nullptr;
   ibv_comp_channel* (*create_comp_channel)(ibv_context* context) = nullptr;
   int (*destroy_comp_channel)(ibv_comp_channel* channel) = nullptr;
   ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,

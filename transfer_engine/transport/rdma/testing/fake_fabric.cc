@@ -40,12 +40,22 @@ Config ReadConfig() {
       else if (p == "switch") d.is_switch = true;
       else if (p.rfind("max_mr=", 0) == 0) d.max_mr = strtoull(p.c_str() + 7, nullptr, 10);
       else if (p.rfind("mbps=", 0) == 0) d.mbps = atof(p.c_str() + 5);
+      else if (p.rfind("numa=", 0) == 0) d.numa = atoi(p.c_str() + 5);
     }
     c.devices.push_back(d);
   }
+  if (const char* v = getenv("MC_RDMA_FAKE_DMABUF"); v && *v) c.dmabuf = std::string(v) != "0";
+  if (const char* v = getenv("MC_RDMA_FAKE_PEERMEM"); v && *v) c.peermem = std::string(v) == "1";
   mkdir(c.state.c_str(), 0777);
-  for (const char* sub : {"/qp", "/mr", "/fault", "/port"}) mkdir((c.state + sub).c_str(), 0777);
+  for (const char* sub : {"/qp", "/mr", "/fault", "/port", "/sysfs"}) mkdir((c.state + sub).c_str(), 0777);
   c.valid = true;
+  // Each device's sysfs entry, as libibverbs' ibdev_path names one: device/numa_node gives its NUMA node.
+  for (const DeviceSpec& d : c.devices) {
+    std::string dir = c.state + "/sysfs/" + c.host + "." + d.name;
+    mkdir(dir.c_str(), 0777);
+    mkdir((dir + "/device").c_str(), 0777);
+    WriteFileAtomic(dir + "/device/numa_node", std::to_string(d.numa) + "\n");
+  }
   return c;
 }
 
@@ -211,8 +221,8 @@ std::string QpPath(uint32_t qpn) { return Provider::Get().Path("qp/" + std::to_s
 void WriteQpRecord(const FakeQp* q) {
   Provider& p = Provider::Get();
   std::ostringstream out;
-  out << p.pid() << ' ' << static_cast<int>(q->state) << ' ' << q->dest_qpn << ' ' << q->pd->id << ' '
-      << p.cfg().host << ' ' << q->fctx->dev->spec.name << ' ' << GidList(q->fctx->dev) << '\n';
+  out << p.pid() << ' ' << static_cast<int>(q->state) << ' ' << q->dest_qpn << ' ' << q->pd->id << ' ' << q->rq_psn
+      << ' ' << q->sq_psn << ' ' << static_cast<int>(q->mtu) << ' ' << p.cfg().host << ' ' << q->fctx->dev->spec.name << ' ' << GidList(q->fctx->dev) << '\n';
   WriteFileAtomic(QpPath(q->qp.qp_num), out.str());
 }
 
@@ -221,7 +231,9 @@ std::optional<QpRecord> ReadQpRecord(uint32_t qpn) {
   if (!ReadFile(QpPath(qpn), &text)) return std::nullopt;
   std::istringstream in(text);
   QpRecord r;
-  if (!(in >> r.pid >> r.state >> r.dest_qpn >> r.pd >> r.host >> r.dev >> r.gids)) return std::nullopt;
+  if (!(in >> r.pid >> r.state >> r.dest_qpn >> r.pd >> r.rq_psn >> r.sq_psn >> r.mtu >> r.host >> r.dev >> r.gids)) {
+    return std::nullopt;
+  }
   return r;
 }
 
@@ -253,10 +265,17 @@ void Notify(FakeChannel* ch, FakeCq* cq) {
   }
 }
 
-void PushWc(FakeCq* cq, const ibv_wc& wc) {
+// Called by the worker without its context's mu. A completion finding the CQ full overruns it (it is lost, the
+// CQ is in error from then on, and the worker moves the CQ's QPs to ERR): returns false.
+bool PushWc(FakeCq* cq, const ibv_wc& wc) {
   FakeChannel* notify = nullptr;
   {
     std::lock_guard lock(cq->mu);
+    if (cq->overrun) return false;
+    if (cq->wcs.size() >= cq->capacity) {
+      cq->overrun = true;
+      return false;
+    }
     cq->wcs.push_back(wc);
     if (cq->armed && cq->channel) {
       cq->armed = false;
@@ -264,6 +283,7 @@ void PushWc(FakeCq* cq, const ibv_wc& wc) {
     }
   }
   if (notify) Notify(notify, cq);
+  return true;
 }
 
 ibv_wc MakeWc(const Work& w, ibv_wc_status status, uint32_t bytes) {
@@ -313,8 +333,9 @@ void PublishPort(FakeContext* c, int* last) {
 }
 
 // Runs one WR of an RTS QP; returns its completion status.
-ibv_wc_status Execute(FakeContext* c, const Work& w, uint32_t qpn, uint32_t dest_qpn, const ibv_gid& dgid,
-                      uint32_t pd_id, uint32_t* bytes) {
+ibv_wc_status Execute(FakeContext* c, const Work& w, const Connection& conn, uint32_t* bytes) {
+  const uint32_t qpn = conn.qpn, dest_qpn = conn.dest_qpn, pd_id = conn.pd;
+  const ibv_gid& dgid = conn.dgid;
   Provider& p = Provider::Get();
   const std::string& state = p.cfg().state;
   const std::string& host = p.cfg().host;
@@ -352,6 +373,14 @@ ibv_wc_status Execute(FakeContext* c, const Work& w, uint32_t qpn, uint32_t dest
     }
   }
 
+  // The two QPs of a connection must agree: each one's send PSN is the other's expected receive PSN, and both use
+  // one path MTU. A PSN mismatch is NAKed as out of sequence until the retries run out; a packet longer than
+  // the responder's MTU (or a short middle packet) is an invalid request.
+  if (remote->rq_psn != conn.sq_psn || remote->sq_psn != conn.rq_psn) return IBV_WC_RETRY_EXC_ERR;
+  if (remote->mtu != conn.mtu) {
+    const uint64_t smaller = 256ULL << (std::min(remote->mtu, conn.mtu) - 1);
+    if (total > smaller) return IBV_WC_REM_INV_REQ_ERR;
+  }
   RemoteMr mr;
   const int need = is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
   if (!FindRemoteMr(remote->pid, w.rkey, &mr) || mr.pd != remote->pd || (mr.access & need) != need ||
@@ -405,10 +434,16 @@ void WorkerLoop(FakeContext* c) {
     ibv_wc_status status = IBV_WC_WR_FLUSH_ERR;
     uint32_t bytes = 0;
     if (q->state == IBV_QPS_RTS) {
-      const uint32_t qpn = q->qp.qp_num, dest = q->dest_qpn, pd = q->pd->id;
-      const ibv_gid dgid = q->dgid;
+      Connection conn;
+      conn.qpn = q->qp.qp_num;
+      conn.dest_qpn = q->dest_qpn;
+      conn.pd = q->pd->id;
+      conn.sq_psn = q->sq_psn;
+      conn.rq_psn = q->rq_psn;
+      conn.mtu = static_cast<int>(q->mtu);
+      conn.dgid = q->dgid;
       lock.unlock();
-      status = Execute(c, w, qpn, dest, dgid, pd, &bytes);
+      status = Execute(c, w, conn, &bytes);
       Provider::Get().executed++;
       lock.lock();
       if (status != IBV_WC_SUCCESS) ToErrorLocked(q);  // an error (or a stop mid-retry) ends the connection
@@ -419,12 +454,26 @@ void WorkerLoop(FakeContext* c) {
       ibv_wc wc = MakeWc(w, status, status == IBV_WC_SUCCESS ? bytes : 0);
       FakeCq* cq = q->send_cq;
       lock.unlock();
-      PushWc(cq, wc);
+      const bool pushed = PushWc(cq, wc);
       lock.lock();
+      if (!pushed) {  // an overrun CQ: every QP completing into it is in error (IBV_EVENT_CQ_ERR on hardware)
+        for (FakeQp* other : c->qps) {
+          if (other->send_cq == cq) ToErrorLocked(other);
+        }
+      }
     }
     c->current = nullptr;
     c->cv.notify_all();
   }
+}
+
+}  // namespace mooncake::te::rdma::fake::internal
+
+namespace mooncake::te::rdma::fake::internal {
+
+std::string SysfsPath(const DeviceSpec& d) {
+  const Provider& p = Provider::Get();
+  return p.cfg().state + "/sysfs/" + p.cfg().host + "." + d.name;
 }
 
 }  // namespace mooncake::te::rdma::fake::internal

@@ -52,6 +52,7 @@ struct DeviceSpec {
   bool is_switch = false;
   uint64_t max_mr = 1ULL << 40;
   double mbps = 0;  // emulated link rate in MB/s (0: as fast as memory)
+  int numa = -1;    // the NUMA node its sysfs entry reports (-1: none, as for a virtual device)
 };
 
 struct Config {
@@ -60,6 +61,8 @@ struct Config {
   std::string host = "host0";
   std::vector<DeviceSpec> devices;
   std::chrono::milliseconds retry{500};
+  bool dmabuf = true;    // MC_RDMA_FAKE_DMABUF (default 1): reg_dmabuf_mr works; 0: EOPNOTSUPP
+  bool peermem = false;  // MC_RDMA_FAKE_PEERMEM=1: a peer-memory client is "loaded" (peer_memory() says 1)
 };
 
 struct Faults {
@@ -94,6 +97,8 @@ struct FakeCq {
   ibv_cq cq;
   std::mutex mu;
   std::deque<ibv_wc> wcs;
+  size_t capacity = 0;   // cqe: a completion arriving while this many wait overruns the CQ
+  bool overrun = false;  // then every poll fails (as a CQ in error does) and its QPs move to ERR
   bool armed = false;
   FakeChannel* channel = nullptr;
 };
@@ -111,7 +116,7 @@ struct FakePd {
 };
 
 struct FakeMr {
-  ibv_mr mr;
+  ibv_mr mr;  // mr.lkey != mr.rkey: the local checks take the lkey, the responder checks the rkey
   int access = 0;
   uint32_t pd_id = 0;
 };
@@ -133,6 +138,8 @@ struct FakeQp {
   uint32_t dest_qpn = 0;
   ibv_gid dgid{};
   ibv_mtu mtu = IBV_MTU_1024;
+  uint32_t rq_psn = 0;  // set at RTR: the PSN the peer's first packet must carry
+  uint32_t sq_psn = 0;  // set at RTS: the PSN of our first packet
   uint32_t outstanding = 0;
 };
 
@@ -181,6 +188,8 @@ class Provider {
         d->dev.transport_type = IBV_TRANSPORT_IB;
         snprintf(d->dev.name, sizeof(d->dev.name), "%s", spec.name.c_str());
         snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "fake_uverbs%zu", devices_.size());
+        snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "%s/sysfs/%s.%s", cfg_.state.c_str(),
+                 cfg_.host.c_str(), spec.name.c_str());
         devices_.push_back(d);
       }
       initialized_ = true;
@@ -212,20 +221,27 @@ class Provider {
 
   std::string Path(const std::string& sub) const { return cfg_.state + "/" + sub; }
 
-  // --- local MRs (guarded by mu_) and this process's MR table file
-  uint32_t AddMr(FakeMr* mr) {
+  // --- local MRs (guarded by mu_) and this process's MR table file (rkeys only: what peers may use)
+  /// Gives `mr` an lkey and a different rkey, unique among this process's keys of either kind.
+  void AddMr(FakeMr* mr) {
     std::lock_guard lock(mu_);
-    uint32_t key;
-    do {
-      key = static_cast<uint32_t>(rng_()) | 1u;
-    } while (mrs_.count(key));
-    mrs_[key] = mr;
+    auto fresh = [&] {
+      uint32_t key;
+      do {
+        key = static_cast<uint32_t>(rng_()) | 1u;
+      } while (mrs_.count(key) || rkeys_.count(key));
+      return key;
+    };
+    mr->mr.lkey = fresh();
+    mrs_[mr->mr.lkey] = mr;
+    mr->mr.rkey = fresh();
+    rkeys_[mr->mr.rkey] = mr;
     WriteMrTableLocked();
-    return key;
   }
-  void RemoveMr(uint32_t key) {
+  void RemoveMr(const FakeMr* mr) {
     std::lock_guard lock(mu_);
-    mrs_.erase(key);
+    mrs_.erase(mr->mr.lkey);
+    rkeys_.erase(mr->mr.rkey);
     WriteMrTableLocked();
   }
   // Whether [addr, addr+len) lies in a local MR with lkey `key` of PD `pd` granting `access`.
@@ -249,7 +265,7 @@ class Provider {
  private:
   void WriteMrTableLocked() {
     std::ostringstream out;
-    for (const auto& [key, m] : mrs_) {
+    for (const auto& [key, m] : rkeys_) {
       out << key << ' ' << m->pd_id << ' ' << reinterpret_cast<uint64_t>(m->mr.addr) << ' ' << m->mr.length << ' '
           << m->access << '\n';
     }
@@ -262,7 +278,8 @@ class Provider {
   std::atomic<pid_t> pid_{0};
   std::atomic<pid_t> local_pid_{0};
   std::vector<FakeDevice*> devices_;
-  std::map<uint32_t, FakeMr*> mrs_;
+  std::map<uint32_t, FakeMr*> mrs_;    // by lkey
+  std::map<uint32_t, FakeMr*> rkeys_;  // by rkey
   uint32_t pd_ids_ = 0;
   std::mt19937_64 rng_;
 };
@@ -274,6 +291,8 @@ struct QpRecord {
   int state = 0;
   uint32_t dest_qpn = 0;
   uint32_t pd = 0;
+  uint32_t rq_psn = 0, sq_psn = 0;
+  int mtu = 0;
   std::string host, dev, gids;
 };
 
@@ -293,16 +312,24 @@ void WriteQpRecord(const FakeQp* q);
 std::optional<QpRecord> ReadQpRecord(uint32_t qpn);
 bool FindRemoteMr(pid_t pid, uint32_t rkey, RemoteMr* out);
 void Notify(FakeChannel* ch, FakeCq* cq);
-void PushWc(FakeCq* cq, const ibv_wc& wc);
+bool PushWc(FakeCq* cq, const ibv_wc& wc);
 ibv_wc MakeWc(const Work& w, ibv_wc_status status, uint32_t bytes);
 void ToErrorLocked(FakeQp* q);
 bool GidInList(const ibv_gid& g, const std::string& list);
 bool RemotePortUp(const std::string& host, const std::string& dev);
 void PublishPort(FakeContext* c, int* last);
-ibv_wc_status Execute(FakeContext* c, const Work& w, uint32_t qpn, uint32_t dest_qpn, const ibv_gid& dgid,
-                      uint32_t pd_id, uint32_t* bytes);
+/// What the requester's QP says about its connection when one of its WRs runs (copied under the context's mu).
+struct Connection {
+  uint32_t qpn = 0, dest_qpn = 0, pd = 0;
+  uint32_t sq_psn = 0, rq_psn = 0;
+  int mtu = 0;
+  ibv_gid dgid{};
+};
+ibv_wc_status Execute(FakeContext* c, const Work& w, const Connection& conn, uint32_t* bytes);
 void ApplyQpErrorFault(FakeContext* c);
 void WorkerLoop(FakeContext* c);
+/// The fake sysfs directory of a device (its ibdev_path): <state>/sysfs/<host>.<device>, with device/numa_node.
+std::string SysfsPath(const DeviceSpec& d);
 
 }  // namespace mooncake::te::rdma::fake::internal
 

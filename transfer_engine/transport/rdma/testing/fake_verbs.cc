@@ -56,6 +56,7 @@ int FakePostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 int FakePollCq(ibv_cq* cq, int n, ibv_wc* wc) {
   FakeCq* c = Cq(cq);
   std::lock_guard lock(c->mu);
+  if (c->overrun) return -EOVERFLOW;  // a CQ in error (overrun) fails every poll
   int got = 0;
   while (got < n && !c->wcs.empty()) {
     wc[got++] = c->wcs.front();
@@ -214,15 +215,66 @@ ibv_mr* FakeRegMr(ibv_pd* pd, void* addr, size_t length, int access) {
   m->mr.length = length;
   m->access = access;
   m->pd_id = reinterpret_cast<FakePd*>(pd)->id;
-  uint32_t key = Provider::Get().AddMr(m);
-  m->mr.lkey = m->mr.rkey = key;
-  m->mr.handle = key;
+  Provider::Get().AddMr(m);
+  m->mr.handle = m->mr.lkey;
   return &m->mr;
 }
 
+// Whether this process maps [iova, iova + length) from the file `st` names at file offset `offset`, in one
+// mapping (/proc/self/maps). The fake moves bytes with process_vm_writev/readv at the MR's addresses, so a
+// dma-buf MR is usable only where the buffer is mapped at its iova (a real HCA reaches the pages without a
+// mapping).
+bool MappedAt(const struct stat& st, uint64_t offset, size_t length, uint64_t iova) {
+  FILE* maps = fopen("/proc/self/maps", "re");
+  if (!maps) return false;
+  char line[512];
+  bool ok = false;
+  while (!ok && fgets(line, sizeof(line), maps)) {
+    unsigned long long start, end, file_off, inode;
+    unsigned major, minor;
+    char perms[8];
+    if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &file_off, &major, &minor, &inode) != 7) {
+      continue;
+    }
+    if (inode != st.st_ino || iova < start || iova >= end || length > end - iova) continue;
+    ok = file_off + (iova - start) == offset;
+  }
+  fclose(maps);
+  return ok;
+}
+
+// ibv_reg_dmabuf_mr: `fd` is the exporter's dma-buf (here: a file, e.g. the host emulation's memfd), `offset`
+// the buffer's start in it, `iova` the address work requests use for it. EOPNOTSUPP when MC_RDMA_FAKE_DMABUF=0
+// (a provider without dma-buf support); EINVAL for a zero or oversized length, a null iova, bad access flags,
+// a range beyond the file, or (the fake's limit) an iova where this process does not map the file at `offset`;
+// EBADF for an fd that is not open.
+ibv_mr* FakeRegDmabufMr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access) {
+  const FakeContext* c = Ctx(pd->context);
+  if (!Provider::Get().cfg().dmabuf) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    errno = EBADF;
+    return nullptr;
+  }
+  if (length == 0 || length > c->dev->spec.max_mr || iova == 0 || !S_ISREG(st.st_mode) ||
+      offset > static_cast<uint64_t>(st.st_size) || length > static_cast<uint64_t>(st.st_size) - offset ||
+      ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) ||
+      !MappedAt(st, offset, length, iova)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return FakeRegMr(pd, reinterpret_cast<void*>(iova), length, access);
+}
+
+int FakePeerMemory() { return Provider::Get().Init() && Provider::Get().cfg().peermem ? 1 : 0; }
+
 int FakeDeregMr(ibv_mr* mr) {
-  Provider::Get().RemoveMr(mr->lkey);
-  delete reinterpret_cast<FakeMr*>(mr);
+  auto* m = reinterpret_cast<FakeMr*>(mr);
+  Provider::Get().RemoveMr(m);
+  delete m;
   return 0;
 }
 
@@ -256,6 +308,7 @@ ibv_cq* FakeCreateCq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_chann
   c->cq.channel = channel;
   c->cq.cq_context = cq_context;
   c->cq.cqe = cqe;
+  c->capacity = static_cast<size_t>(cqe);
   c->channel = reinterpret_cast<FakeChannel*>(channel);
   return &c->cq;
 }
@@ -374,6 +427,7 @@ int FakeModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     }
     q->dest_qpn = attr->dest_qp_num;
     q->mtu = attr->path_mtu;
+    q->rq_psn = attr->rq_psn & 0xffffff;
     if (ah.is_global) {
       q->dgid = ah.grh.dgid;
     } else {
@@ -381,6 +435,7 @@ int FakeModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     }
   } else if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
     if ((mask & kRtsMask) != kRtsMask) return EINVAL;
+    q->sq_psn = attr->sq_psn & 0xffffff;
   } else {
     return EINVAL;
   }
@@ -416,6 +471,7 @@ const char* FakeWcStatusStr(ibv_wc_status s) {
     case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
     case IBV_WC_REM_ACCESS_ERR: return "remote access error";
     case IBV_WC_REM_OP_ERR: return "remote operation error";
+    case IBV_WC_REM_INV_REQ_ERR: return "remote invalid request error";
     case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
     case IBV_WC_GENERAL_ERR: return "general error";
     default: return "unknown";
@@ -439,7 +495,8 @@ VerbsApi MakeTable() {
   a.dealloc_pd = FakeDeallocPd;
   a.reg_mr = FakeRegMr;
   a.dereg_mr = FakeDeregMr;
-  a.reg_dmabuf_mr = nullptr;
+  a.reg_dmabuf_mr = FakeRegDmabufMr;
+  a.peer_memory = FakePeerMemory;
   a.create_comp_channel = FakeCreateCompChannel;
   a.destroy_comp_channel = FakeDestroyCompChannel;
   a.create_cq = FakeCreateCq;

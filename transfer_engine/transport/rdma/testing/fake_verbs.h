@@ -13,13 +13,22 @@
 //                         ACTIVE only while that interface has carrier; its IPv4 address gives the RoCEv2 GID),
 //                         `ib` (InfiniBand link layer, a LID, one GID), `down` (port DOWN), `nogid` (empty GID
 //                         table), `switch` (node type switch), `max_mr=<bytes>` (max_mr_size), `mbps=<MB/s>`
-//                         (an emulated link rate: the worker sleeps after each WR);
+//                         (an emulated link rate: the worker sleeps after each WR), `numa=<node>` (the NUMA node
+//                         its sysfs entry reports: <ibdev_path>/device/numa_node, under MC_RDMA_FAKE_STATE);
 //                         default "fake_mlx5_0,fake_mlx5_1";
+//   MC_RDMA_FAKE_DMABUF   0: reg_dmabuf_mr fails with EOPNOTSUPP (a provider without dma-buf); default 1;
+//   MC_RDMA_FAKE_PEERMEM  1: peer_memory() says a peer-memory client is loaded; default 0;
 //   MC_RDMA_FAKE_RETRY_MS how long a WR keeps retrying an unreachable peer before IBV_WC_RETRY_EXC_ERR (500).
 //
-// Semantics: devices with one port; PDs; MRs with lkey == rkey and access flags; CQs with completion channels
+// Semantics: devices with one port; PDs; MRs with an lkey and a different rkey (local SGEs are checked by lkey,
+// the responder by rkey) and access flags; dma-buf MRs (reg_dmabuf_mr: EBADF for a closed fd; EINVAL for a zero
+// or oversized length, a null iova, remote write without local write, offset + length beyond the file, or an
+// iova where this process does not map the fd at `offset` -- the fake moves bytes by address); CQs that overrun
+// when a completion finds them full (every poll then fails and their QPs move to ERR); completion channels
 // whose fd (a pipe) becomes readable once a completion arrives on an armed CQ; RC QPs with the state machine
-// RESET -> INIT -> RTR -> RTS (ERR and RESET from any state) and the required attribute masks checked;
+// RESET -> INIT -> RTR -> RTS (ERR and RESET from any state) and the required attribute masks checked; at each WR
+// the two QPs of the connection must agree (each one's sq_psn is the other's rq_psn, else IBV_WC_RETRY_EXC_ERR;
+// one path MTU, else a message above the smaller one is IBV_WC_REM_INV_REQ_ERR);
 // IBV_WR_RDMA_WRITE and IBV_WR_RDMA_READ (nothing else) with up to max_send_wr in flight, executed in order by
 // one thread per context with process_vm_writev/readv into the peer process. The responder side checks that
 // the destination QP exists, is RTR/RTS, is connected back to the requester, owns the destination GID, and that
@@ -29,14 +38,14 @@
 // down, link without carrier, QP or process gone) is retried for MC_RDMA_FAKE_RETRY_MS, then
 // IBV_WC_RETRY_EXC_ERR.
 //
-// Shared state under MC_RDMA_FAKE_STATE: qp/<qpn> (one line per QP: owner pid, state, peer, PD, host, device,
-// GIDs), mr/<pid> (the MRs of a process), port/<host>.<device> (the port state as the device's own process sees
+// Shared state under MC_RDMA_FAKE_STATE: qp/<qpn> (one line per QP: owner pid, state, peer, PD, rq_psn, sq_psn,
+// path MTU, host, device, GIDs), sysfs/<host>.<device>/device/numa_node, mr/<pid> (the MRs of a process), port/<host>.<device> (the port state as the device's own process sees
 // it, refreshed every 20 ms: a responder whose link is down is unreachable), fault/<host>.<device> (fault
 // injection, below). Files are replaced
 // atomically (write + rename). QP numbers are unique across the state directory.
 //
-// Not covered: SEND/RECV and immediate data, atomics, SRQ, UD/UC, async events, CQ overflow, memory windows,
-// dma-buf MRs, PSN and packet-level behaviour, more than one port.
+// Not covered: SEND/RECV and immediate data, atomics, SRQ, UD/UC, async events, memory windows, real dma-buf
+// exporters, PSN advance per packet and other packet-level behaviour, more than one port.
 
 #include <string>
 

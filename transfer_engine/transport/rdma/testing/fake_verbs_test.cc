@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,12 +52,12 @@ struct Side {
   ibv_qp* qp = nullptr;
   std::vector<uint8_t> mem = std::vector<uint8_t>(1 << 20);
 
-  void Open(ibv_device* dev, int access) {
+  void Open(ibv_device* dev, int access, int cqe = 256) {
     ctx = V().open_device(dev);
     ASSERT_NE(ctx, nullptr);
     pd = V().alloc_pd(ctx);
     ch = V().create_comp_channel(ctx);
-    cq = V().create_cq(ctx, 256, this, ch, 0);
+    cq = V().create_cq(ctx, cqe, this, ch, 0);
     ASSERT_TRUE(pd && ch && cq);
     mr = V().reg_mr(pd, mem.data(), mem.size(), access);
     ASSERT_NE(mr, nullptr);
@@ -84,12 +85,12 @@ struct Side {
     a.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
     return V().modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   }
-  int ToRtr(uint32_t dest_qpn, const ibv_gid& dgid, ibv_mtu mtu = IBV_MTU_1024) {
+  int ToRtr(uint32_t dest_qpn, const ibv_gid& dgid, ibv_mtu mtu = IBV_MTU_1024, uint32_t rq_psn = 0) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = mtu;
     a.dest_qp_num = dest_qpn;
-    a.rq_psn = 0;
+    a.rq_psn = rq_psn;
     a.max_dest_rd_atomic = 16;
     a.min_rnr_timer = 12;
     a.ah_attr.is_global = 1;
@@ -101,13 +102,13 @@ struct Side {
                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   }
-  int ToRts() {
+  int ToRts(uint32_t sq_psn = 0) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 14;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
-    a.sq_psn = 0;
+    a.sq_psn = sq_psn;
     a.max_rd_atomic = 16;
     return V().modify_qp(qp, &a,
                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
@@ -362,6 +363,106 @@ TEST_F(FakeVerbsTest, PeerQpGoneRetryExceeded) {
   b_.qp = nullptr;
   ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), 1, 64), 0);
   EXPECT_EQ(a_.Wait().status, IBV_WC_RETRY_EXC_ERR);
+}
+
+TEST_F(FakeVerbsTest, LocalAndRemoteKeysDifferAndEachIsCheckedWhereItBelongs) {
+  Connect();
+  EXPECT_NE(a_.mr->lkey, a_.mr->rkey);
+  EXPECT_NE(b_.mr->lkey, b_.mr->rkey);
+  // The responder's lkey is no rkey.
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->lkey, 64, 1), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_REM_ACCESS_ERR);
+  a_.Close();
+  b_.Close();
+  Connect();
+  // Our own rkey is no lkey.
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 64, 1, a_.mr->rkey), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_LOC_PROT_ERR);
+}
+
+TEST_F(FakeVerbsTest, AFullCqOverrunsAndFailsItsQps) {
+  a_.Open(list_[0], IBV_ACCESS_LOCAL_WRITE, /*cqe=*/4);
+  b_.Open(list_[1], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_EQ(a_.ToInit(), 0);
+  ASSERT_EQ(b_.ToInit(), 0);
+  ASSERT_EQ(b_.ToRtr(a_.qp->qp_num, a_.Gid()), 0);
+  ASSERT_EQ(b_.ToRts(), 0);
+  ASSERT_EQ(a_.ToRtr(b_.qp->qp_num, b_.Gid()), 0);
+  ASSERT_EQ(a_.ToRts(), 0);
+  for (int i = 0; i < 6; ++i) ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 64, i), 0);
+  ibv_wc wc[8];
+  auto until = Clock::now() + std::chrono::seconds(3);
+  while (a_.qp->state != IBV_QPS_ERR && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(a_.qp->state, IBV_QPS_ERR) << "the QP of an overrun CQ is in error";
+  EXPECT_LT(V().poll_cq(a_.cq, 8, wc), 0) << "an overrun CQ fails every poll";
+}
+
+TEST_F(FakeVerbsTest, PsnsAndMtusOfBothQpsMustAgree) {
+  // b expects PSN 5, a starts at 0: out of sequence until the retries run out.
+  a_.Open(list_[0], IBV_ACCESS_LOCAL_WRITE);
+  b_.Open(list_[1], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_EQ(a_.ToInit(), 0);
+  ASSERT_EQ(b_.ToInit(), 0);
+  ASSERT_EQ(b_.ToRtr(a_.qp->qp_num, a_.Gid(), IBV_MTU_1024, /*rq_psn=*/5), 0);
+  ASSERT_EQ(b_.ToRts(), 0);
+  ASSERT_EQ(a_.ToRtr(b_.qp->qp_num, b_.Gid()), 0);
+  ASSERT_EQ(a_.ToRts(/*sq_psn=*/0), 0);
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 64, 1), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(b_.mem[0], 0);
+  a_.Close();
+  b_.Close();
+  // Matching PSNs (7 each way is fine too) but path MTUs 1024 and 512: a 4 KiB write is an invalid request to
+  // the responder, while one packet's worth (256 bytes) passes.
+  a_.Open(list_[0], IBV_ACCESS_LOCAL_WRITE);
+  b_.Open(list_[1], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_EQ(a_.ToInit(), 0);
+  ASSERT_EQ(b_.ToInit(), 0);
+  ASSERT_EQ(b_.ToRtr(a_.qp->qp_num, a_.Gid(), IBV_MTU_512, 7), 0);
+  ASSERT_EQ(b_.ToRts(9), 0);
+  ASSERT_EQ(a_.ToRtr(b_.qp->qp_num, b_.Gid(), IBV_MTU_1024, 9), 0);
+  ASSERT_EQ(a_.ToRts(7), 0);
+  a_.mem[0] = 0x42;
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 256, 1), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_SUCCESS);
+  EXPECT_EQ(b_.mem[0], 0x42);
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 4096, 2), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_REM_INV_REQ_ERR);
+}
+
+TEST_F(FakeVerbsTest, DmabufMrsCheckTheirArgumentsAndCarryBytes) {
+  ASSERT_NE(V().reg_dmabuf_mr, nullptr);
+  Connect();
+  constexpr size_t kLen = 1 << 16;
+  int fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 2 * kLen), 0);
+  void* map = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, kLen);  // file offset kLen
+  ASSERT_NE(map, MAP_FAILED);
+  const uint64_t iova = reinterpret_cast<uint64_t>(map);
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  errno = 0;
+  EXPECT_EQ(V().reg_dmabuf_mr(b_.pd, kLen, kLen, iova, -1, access), nullptr);
+  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(V().reg_dmabuf_mr(b_.pd, kLen, 0, iova, fd, access), nullptr) << "zero length";
+  EXPECT_EQ(V().reg_dmabuf_mr(b_.pd, kLen + 4096, kLen, iova, fd, access), nullptr) << "beyond the buffer";
+  EXPECT_EQ(V().reg_dmabuf_mr(b_.pd, 0, kLen, iova, fd, access), nullptr) << "iova maps another offset";
+  EXPECT_EQ(V().reg_dmabuf_mr(b_.pd, kLen, kLen, 0, fd, access), nullptr) << "null iova";
+  EXPECT_EQ(V().reg_dmabuf_mr(b_.pd, kLen, kLen, iova, fd, IBV_ACCESS_REMOTE_WRITE), nullptr)
+      << "remote write without local write";
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* mr = V().reg_dmabuf_mr(b_.pd, kLen, kLen, iova, fd, access);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_NE(mr->lkey, mr->rkey);
+  for (int i = 0; i < 1000; ++i) a_.mem[i] = static_cast<uint8_t>(i * 5);
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, iova + 100, mr->rkey, 1000, 1), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_SUCCESS);
+  std::vector<uint8_t> back(1000);
+  ASSERT_EQ(pread(fd, back.data(), back.size(), kLen + 100), 1000);  // landed in the dma-buf's pages
+  EXPECT_EQ(memcmp(back.data(), a_.mem.data(), 1000), 0);
+  EXPECT_EQ(V().dereg_mr(mr), 0);
+  munmap(map, kLen);
+  close(fd);
 }
 
 // The responder is another process: its memory is written through process_vm_writev.

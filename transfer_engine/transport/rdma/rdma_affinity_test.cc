@@ -1,0 +1,144 @@
+// NIC choice by memory locality on the FAKE verbs provider: two fake HCAs on different NUMA nodes
+// (fake_mlx5_0 on node 1, fake_mlx5_1 on node 0); this process (fake host "hostA") writes to a target engine in
+// a child process (fake host "hostB"). Buffers use the NICs nearest their memory; the striping by measured
+// throughput stays among those, and the others take over when the near ones fail.
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "transfer_engine/api/engine.h"
+#include "transfer_engine/platform/host_emulation/host_emulation_platform.h"
+#include "transfer_engine/transport/conformance/pattern.h"
+#include "transfer_engine/transport/conformance/target.h"
+#include "transfer_engine/transport/rdma/testing/fake_env.h"
+#include "transfer_engine/transport/rdma/testing/fake_verbs.h"
+
+namespace mooncake::te::rdma {
+namespace {
+
+using conformance::Digest;
+using conformance::FillPattern;
+
+const std::string kState = [] {
+  std::string s = fake::UseFakeVerbs("fake_mlx5_0:numa=1,fake_mlx5_1:numa=0");
+  setenv("MC_RDMA_FAKE_HOST", "hostA", 1);
+  setenv("MC_RDMA_FAKE_PEERMEM", "1", 1);  // "cuda" memory of the host emulation registers (peer memory)
+  PlatformRegistry::Get().Register(MakeHostEmulationPlatform(1));
+  return s;
+}();
+
+constexpr size_t kSize = 4 << 20;
+
+EngineOptions Options() {
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1";
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.protocol = "rdma";
+  o.transports = {"rdma"};
+  o.transport_options["rdma.backoff_ms"] = "200";
+  return o;
+}
+
+class RdmaAffinityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* host : {"hostA", "hostB"}) {
+      for (const char* dev : {"fake_mlx5_0", "fake_mlx5_1"}) fake::SetFault(kState, host, dev, "");
+    }
+  }
+  void TearDown() override {
+    SetUp();
+    unsetenv("MC_CUSTOM_TOPO_JSON");
+  }
+  void Make() {
+    auto e = TransferEngine::Create(Options());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    a_ = std::move(e.value());
+    src_.resize(kSize);
+    FillPattern(src_.data(), kSize, 3, 0);
+    ASSERT_TRUE(a_->RegisterMemory(src_.data(), kSize).ok());  // host memory on NUMA node 0 (this machine's only)
+    conformance::TargetOptions to;
+    to.engine = Options();
+    to.buffer_size = kSize;
+    setenv("MC_RDMA_FAKE_HOST", "hostB", 1);  // inherited by the child only
+    auto t = conformance::StartPeerProcessTarget(to);
+    setenv("MC_RDMA_FAKE_HOST", "hostA", 1);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    target_ = std::move(t.value());
+    auto h = a_->OpenSegment(target_->segment_name());
+    ASSERT_TRUE(h.ok());
+    h_ = *h;
+  }
+  Status Write(const uint8_t* from, size_t len) {
+    std::vector<TransferRequest> reqs;
+    for (size_t o = 0; o < len; o += 65536) {
+      reqs.push_back({OpCode::kWrite, const_cast<uint8_t*>(from) + o, h_, target_->buffer_address() + o, 65536});
+    }
+    Status st = a_->TransferSync(reqs, std::chrono::seconds(20));
+    if (!st.ok()) return st;
+    auto digest = target_->DigestOf(0, len);
+    if (!digest.ok()) return digest.status();
+    return *digest == Digest(from, len) ? Status::Ok() : Status(ErrorCode::kMemory, "data arrived damaged");
+  }
+  // Bytes carried by the paths of local NIC `nic` so far.
+  uint64_t BytesVia(const std::string& nic) {
+    uint64_t sum = 0;
+    nlohmann::json s = nlohmann::json::parse(a_->StatsJson(), nullptr, false)["rdma"][target_->segment_name()];
+    for (const auto& [label, p] : s["paths"].items()) {
+      if (label.rfind(nic + "->", 0) == 0) sum += p["bytes"].get<uint64_t>();
+    }
+    return sum;
+  }
+
+  std::unique_ptr<TransferEngine> a_;
+  std::unique_ptr<conformance::Target> target_;
+  std::vector<uint8_t> src_;
+  SegmentHandle h_{};
+};
+
+TEST_F(RdmaAffinityTest, HostMemoryUsesTheNicsOfItsNumaNode) {
+  Make();
+  ASSERT_TRUE(Write(src_.data(), kSize).ok());
+  EXPECT_EQ(BytesVia("fake_mlx5_1"), kSize) << a_->StatsJson();
+  EXPECT_EQ(BytesVia("fake_mlx5_0"), 0u) << "a NIC of another NUMA node carried traffic: " << a_->StatsJson();
+  // The near NIC fails: the far one takes over (the preference never strands a transfer).
+  ASSERT_TRUE(fake::SetFault(kState, "hostA", "fake_mlx5_1", "wc_error"));
+  Status st = Write(src_.data(), 1 << 20);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(BytesVia("fake_mlx5_0"), uint64_t{1} << 20);
+}
+
+TEST_F(RdmaAffinityTest, TheTopologyMatrixChoosesPerLocation) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  std::string path = std::string(tmp ? tmp : "/tmp") + "/rdma_affinity_topology.json";
+  std::ofstream(path) << R"({"cpu:0": [["fake_mlx5_0"], ["fake_mlx5_1"]],)"
+                      << R"( "cuda:0": [["fake_mlx5_1"], ["fake_mlx5_0"]]})";
+  setenv("MC_CUSTOM_TOPO_JSON", path.c_str(), 1);
+  Make();
+  ASSERT_TRUE(Write(src_.data(), kSize).ok());
+  EXPECT_EQ(BytesVia("fake_mlx5_0"), kSize) << "cpu:0 memory ignored the matrix: " << a_->StatsJson();
+  EXPECT_EQ(BytesVia("fake_mlx5_1"), 0u) << a_->StatsJson();
+  // Device memory: the matrix's entry for its device.
+  auto platform = PlatformRegistry::Get().ForType(MemoryType::kCuda);
+  ASSERT_NE(platform, nullptr);
+  auto dev = platform->Allocate(kSize, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(dev.ok());
+  auto copy = platform->CopyAsync(*dev, src_.data(), kSize, 0);
+  ASSERT_TRUE(copy.ok() && (*copy)->Wait().ok());
+  ASSERT_TRUE(a_->RegisterMemory(*dev, kSize, "cuda:0").ok());
+  ASSERT_TRUE(Write(static_cast<const uint8_t*>(*dev), kSize).ok());
+  EXPECT_EQ(BytesVia("fake_mlx5_1"), kSize) << "cuda:0 memory ignored the matrix: " << a_->StatsJson();
+  ASSERT_TRUE(a_->UnregisterMemory(*dev).ok());
+  a_.reset();
+  ASSERT_TRUE(platform->Free(*dev, kSize, AllocationKind::kDevice).ok());
+}
+
+}  // namespace
+}  // namespace mooncake::te::rdma
