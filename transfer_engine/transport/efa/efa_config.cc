@@ -18,6 +18,11 @@ EfaConfig EfaConfig::From(const TransportOptions& o) {
   c.cq_wait = static_cast<int>(o.Int("cq_wait", "MC_EFA_CQ_WAIT", c.cq_wait, -1, 1));
   c.idle_poll_us = static_cast<int>(o.Int("idle_poll_us", "MC_EFA_IDLE_POLL_US", c.idle_poll_us, 0, 100000));
   c.max_mr_size = static_cast<uint64_t>(o.Int("max_mr_size", "MC_EFA_MAX_MR_SIZE", 0, 0, 1LL << 50));
+  c.drive_us = static_cast<int>(o.Int("drive_us", "MC_EFA_DRIVE_US", c.drive_us, 0, 1000000));
+  c.drive_max_bytes = static_cast<uint64_t>(
+      o.Int("drive_max_bytes", "MC_EFA_DRIVE_MAX_BYTES", static_cast<long long>(c.drive_max_bytes), 0, 1LL << 30));
+  c.epoch_lease_us = static_cast<int>(o.Int("epoch_lease_us", "MC_EFA_EPOCH_LEASE_US", c.epoch_lease_us, 0, 1000000));
+  c.hmem = o.Bool("hmem", "MC_EFA_HMEM", c.hmem);
   if (c.max_mr_size != 0 && c.max_mr_size < 4096) c.max_mr_size = 4096;
   return c;
 }

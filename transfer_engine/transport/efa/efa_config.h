@@ -31,6 +31,21 @@ struct EfaConfig {
   /// registration per chunk and NIC); 0: one registration per region and NIC (libfabric 1.17 does not report
   /// a provider's limit)
   uint64_t max_mr_size = 0;
+  /// drive_us / MC_EFA_DRIVE_US: a synchronous transfer (SubmitAndDrive) of at most drive_max_bytes polls the
+  /// completion queue on the caller's thread for up to this long before it leaves the rest to the progress
+  /// thread; 0: never (every transfer is handed to the progress thread)
+  int drive_us = 2000;
+  /// drive_max_bytes / MC_EFA_DRIVE_MAX_BYTES: the largest synchronous submission driven on the caller's thread
+  uint64_t drive_max_bytes = 1 << 20;
+  /// epoch_lease_us / MC_EFA_EPOCH_LEASE_US: how long peers may rely on this engine's registration epoch
+  /// without reading it again (published as efa_epoch_lease_us; they use half of it). WithdrawRegion of a
+  /// remotely accessible region waits this long after moving the epoch on, so every such lease has expired
+  /// when it returns. 0: peers read the epoch before every submission
+  int epoch_lease_us = 1000;
+  /// hmem / MC_EFA_HMEM: where the provider offers FI_HMEM and a cuda or rocm platform is usable, open the
+  /// domains with it and register device memory with fi_mr_regattr (1); 0: decline device memory (the engine
+  /// stages it through another transport)
+  bool hmem = true;
 
   static EfaConfig From(const TransportOptions& options);
 };

@@ -120,6 +120,11 @@ StatusOr<PeerFabric> ReadPeerFabric(const SegmentDescriptor& d) {
     p.has_epoch = true;
     p.epoch = *epoch;
     p.epoch_addr = *addr;
+    if (d.json.contains("efa_epoch_lease_us")) {
+      auto lease = JsonUint(d.json, "efa_epoch_lease_us");
+      if (!lease || *lease > kMaxEpochLeaseUs) return bad("efa_epoch_lease_us is not a number of at most 10 s");
+      p.epoch_lease_us = *lease;
+    }
   }
   return p;
 }
@@ -151,7 +156,8 @@ std::optional<RemoteKeys> ReadBufferKeys(const BufferDescriptor& b, const PeerFa
 }
 
 void WriteFabric(nlohmann::json& d, bool mooncake_names, const std::vector<FabricDevice>& devices, bool virt_addr,
-                 uint64_t epoch, uint64_t epoch_addr, const std::vector<uint64_t>& epoch_rkeys) {
+                 uint64_t epoch, uint64_t epoch_addr, const std::vector<uint64_t>& epoch_rkeys,
+                 uint64_t epoch_lease_us) {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& dev : devices) {
     list.push_back({{"name", dev.name}, {"lid", 0}, {"gid", dev.gid}, {"provider", dev.provider}});
@@ -162,6 +168,7 @@ void WriteFabric(nlohmann::json& d, bool mooncake_names, const std::vector<Fabri
   d["efa_epoch"] = epoch;
   d["efa_epoch_addr"] = epoch_addr;
   d["efa_epoch_rkey"] = epoch_rkeys;
+  if (epoch_lease_us != 0) d["efa_epoch_lease_us"] = epoch_lease_us;
 }
 
 nlohmann::json BufferFields(bool mooncake_names, uint64_t chunk, const std::vector<std::vector<uint64_t>>& keys,

@@ -11,7 +11,8 @@
 // This engine's extras, all optional for a reader (a Mooncake peer has none of them): `provider` in each
 // device (absent: "efa"); `efa_virt_addr` (absent: virtual addressing, as EFA has); the registration epoch
 // `efa_epoch`, `efa_epoch_addr`, `efa_epoch_rkey` (one key per device; a single number, as older engines of
-// this project wrote, is device 0's); and for a buffer registered in chunks (larger than one registration
+// this project wrote, is device 0's), with `efa_epoch_lease_us` (absent: 0, read the epoch before every
+// submission; see EfaConfig::epoch_lease_us); and for a buffer registered in chunks (larger than one registration
 // may be), `efa_mr_chunk` (bytes per chunk) and `efa_chunk_rkeys: [[key per chunk] per device]`, whose first
 // column equals `rkey`.
 //
@@ -45,7 +46,13 @@ struct PeerFabric {
   uint64_t epoch = 0;
   uint64_t epoch_addr = 0;
   std::vector<uint64_t> epoch_rkeys;  ///< per device (has_epoch)
+  /// The peer waits this long in WithdrawRegion after moving its epoch on: a value read may be relied on
+  /// for half of it, counted from when the read was posted (0: read it before every submission).
+  uint64_t epoch_lease_us = 0;
 };
+
+/// The longest epoch lease a reader accepts (a larger one is malformed).
+constexpr uint64_t kMaxEpochLeaseUs = 10'000'000;
 
 /// The keys of one remote buffer: keys[device][chunk]; `chunk` bytes per chunk (0: one chunk, the buffer).
 struct RemoteKeys {
@@ -70,9 +77,11 @@ std::optional<uint32_t> GidIpv4(const std::string& gid);
 /// Whether an endpoint address is an IPv4 or IPv6 loopback socket address (reaches the local host only).
 bool GidIsLoopback(const std::string& gid);
 
-/// Writes this engine's top-level fields. `epoch_rkeys` has one key per device.
+/// Writes this engine's top-level fields. `epoch_rkeys` has one key per device; `epoch_lease_us` is written
+/// when not 0.
 void WriteFabric(nlohmann::json& d, bool mooncake_names, const std::vector<FabricDevice>& devices, bool virt_addr,
-                 uint64_t epoch, uint64_t epoch_addr, const std::vector<uint64_t>& epoch_rkeys);
+                 uint64_t epoch, uint64_t epoch_addr, const std::vector<uint64_t>& epoch_rkeys,
+                 uint64_t epoch_lease_us = 0);
 
 /// A buffer's fields: keys[device][chunk] with `chunk` bytes per chunk (ignored for one chunk); rkey only
 /// when `remote`.

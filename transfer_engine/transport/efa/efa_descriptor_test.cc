@@ -198,6 +198,31 @@ TEST(EfaDescriptorTest, MalformedPeerFieldsAreRefusedNotThrown) {
   }
 }
 
+TEST(EfaDescriptorTest, EpochLeaseRoundTripsAndBadValuesAreRefused) {
+  const std::vector<FabricDevice> devices = {{"lo", "0102", "tcp;ofi_rxm"}};
+  nlohmann::json d = {{"name", "peer"}, {"protocol", "efa"}};
+  WriteFabric(d, false, devices, false, 4, 0x2000, {9}, /*epoch_lease_us=*/1500);
+  EXPECT_EQ(d["efa_epoch_lease_us"], 1500);
+  auto p = ReadPeerFabric(Parse(d));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->epoch_lease_us, 1500u);
+  // No lease: the field is not written, and a reader takes 0 (read before every submission).
+  nlohmann::json none = {{"name", "peer"}, {"protocol", "efa"}};
+  WriteFabric(none, false, devices, false, 4, 0x2000, {9});
+  EXPECT_FALSE(none.contains("efa_epoch_lease_us"));
+  auto q = ReadPeerFabric(Parse(none));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->epoch_lease_us, 0u);
+  for (const nlohmann::json& bad : {nlohmann::json("1500"), nlohmann::json(-1), nlohmann::json(10'000'001),
+                                    nlohmann::json(1.5), nlohmann::json::array()}) {
+    nlohmann::json b = d;
+    b["efa_epoch_lease_us"] = bad;
+    auto r = ReadPeerFabric(Parse(b));
+    EXPECT_FALSE(r.ok()) << bad.dump();
+    if (!r.ok()) EXPECT_EQ(r.status().code(), ErrorCode::kMalformedJson) << r.status().ToString();
+  }
+}
+
 TEST(EfaDescriptorTest, EndpointAddressesThatAreIpv4AndLoopback) {
   EXPECT_EQ(GidIpv4(Ipv4Gid("10.78.2.1")), 0x0a4e0201u);
   EXPECT_FALSE(GidIsLoopback(Ipv4Gid("10.78.2.1")));

@@ -54,6 +54,16 @@ struct EfaTransport::Peer {
   mutable std::mutex mu;  // guards paths and the counters
   std::vector<Path> paths;
   uint64_t bytes = 0, slices = 0, errors = 0, stale = 0;
+  // The epoch lease: `leased_epoch` was read back and may be relied on until `lease_until` (see Start).
+  bool leased = false;
+  uint64_t leased_epoch = 0;
+  std::chrono::steady_clock::time_point lease_until{};
+  uint64_t epoch_reads = 0, lease_hits = 0;
+};
+
+/// What a SubmitAndDrive caller waits for: the items of its submission not finished yet.
+struct DriveCount {
+  std::atomic<size_t> left{0};
 };
 
 /// One slice and what posting it needs (valid across retries).
@@ -64,6 +74,7 @@ struct EfaTransport::Item {
   uint64_t local_offset = 0;  // of slice->local in the local region
   std::shared_ptr<const RemoteKeys> keys;
   uint64_t remote_offset = 0;  // of slice->remote in the remote buffer
+  std::shared_ptr<DriveCount> drive;  // SubmitAndDrive: counted down once the slice is finished; else null
 };
 
 /// One posting of an item on a path: its operations (one per chunk it touches).

@@ -33,7 +33,42 @@ void EfaTransport::Finish(Peer& peer, Slice* s, const Status& st) {
   }
 }
 
+void EfaTransport::Finish(Peer& peer, const Item& item, const Status& st) {
+  std::shared_ptr<DriveCount> drive = item.drive;  // the item may go with its slice
+  Finish(peer, item.slice, st);
+  if (drive) drive->left.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 void EfaTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
+  SubmitItems(desc, slices, nullptr);
+}
+
+void EfaTransport::SubmitAndDrive(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
+  uint64_t bytes = 0;
+  for (const Slice* s : slices) bytes += s->length;
+  if (cfg_.drive_us <= 0 || bytes > cfg_.drive_max_bytes || rails_.empty() || stopping_.load()) {
+    Submit(desc, slices);
+    return;
+  }
+  auto drive = std::make_shared<DriveCount>();
+  for (auto& rail : rails_) rail->domain->BeginDrive();
+  SubmitItems(desc, slices, drive);
+  // Reap on this thread: the completions of this submission's operations (and whatever else completes on
+  // these domains meanwhile) run here, not on the progress threads, which saves handing each completion from
+  // one thread to the next. One domain: sleep in its completion queue where it has a wait object; several,
+  // or polling providers: poll them in turn. Past the budget, the progress threads finish the rest.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(cfg_.drive_us);
+  const int wait_ms = rails_.size() == 1 ? 1 : 0;
+  for (uint32_t spins = 0; drive->left.load(std::memory_order_acquire) != 0; ++spins) {
+    size_t reaped = 0;
+    for (auto& rail : rails_) reaped += rail->domain->Poll(wait_ms);
+    if (reaped == 0 && (wait_ms > 0 || (spins & 63) == 63) && std::chrono::steady_clock::now() >= until) break;
+  }
+  for (auto& rail : rails_) rail->domain->EndDrive();
+}
+
+void EfaTransport::SubmitItems(const SegmentDescriptor& desc, const std::vector<Slice*>& slices,
+                               const std::shared_ptr<DriveCount>& drive) {
   if (slices.empty()) return;
   Status error;
   std::shared_ptr<Peer> peer = rails_.empty() ? nullptr : PeerFor(desc, &error);
@@ -77,9 +112,11 @@ void EfaTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice
     item.pin = std::move(pin);
     item.keys = keys;
     item.remote_offset = s->remote - buf->addr;
+    item.drive = drive;
     items->push_back(std::move(item));
   }
   if (items->empty()) return;
+  if (drive) drive->left.store(items->size(), std::memory_order_release);
   Start(peer, std::move(items), peer->fabric.has_epoch ? JsonUint(desc.json, "efa_epoch").value_or(0) : 0,
         /*revive=*/true);
 }
@@ -90,14 +127,38 @@ void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std:
     Distribute(peer, std::move(*items), revive);
     return;
   }
+  const auto now = std::chrono::steady_clock::now();
+  {
+    // Epoch lease (the peer publishes efa_epoch_lease_us = L): a value read back equal to `expected` vouches
+    // for the descriptor until L/2 after that read was posted. Why no write lands once the peer's
+    // UnregisterMemory has returned (as with a read before every submission): the peer served the read after
+    // it was posted, so the lease ends less than L/2 after the peer's clock saw the old value; a
+    // WithdrawRegion that moved the epoch on after that waits L before it returns, and the engine drains and
+    // unregisters the region only then. So whatever this engine posts under a lease is posted at least L/2
+    // before that Withdraw returns, and a submission starting more than L/2 after the Withdraw began reads
+    // the epoch again and fails with kStaleMetadata. The margin covers the post itself and clock rate
+    // differences (steady clocks: microseconds per second at worst). What the lease adds: for up to L/2
+    // after a withdrawal began, writes of a lease holder may still land in the region while the peer's
+    // UnregisterMemory waits (the region is still registered; its owner does not have it back). What neither
+    // covers: an operation posted before a withdrawal and delivered after it.
+    std::unique_lock lock(peer->mu);
+    if (peer->leased && peer->leased_epoch == expected && now < peer->lease_until) {
+      peer->lease_hits++;
+      lock.unlock();
+      Distribute(peer, std::move(*items), revive);
+      return;
+    }
+    peer->epoch_reads++;
+  }
+  const auto lease = std::chrono::microseconds(peer->fabric.epoch_lease_us / 2);
   const int path = ChoosePath(*peer, revive);
   if (path < 0) {
     Status down(ErrorCode::kPeerUnreachable, "every efa path to '" + peer->name + "' is down");
-    for (auto& item : *items) Finish(*peer, item.slice, down);
+    for (auto& item : *items) Finish(*peer, item, down);
     return;
   }
   // Nothing is posted until the peer's epoch says its descriptor is current.
-  ReadEpoch(peer, path, [this, peer, items, expected, path](const Status& st, uint64_t value) {
+  ReadEpoch(peer, path, [this, peer, items, expected, path, lease, now](const Status& st, uint64_t value) {
     if (!st.ok()) {
       PathFailed(*peer, path, st);
       Start(peer, items, expected, /*revive=*/false);  // another path that is up, until none is left
@@ -111,9 +172,18 @@ void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std:
       {
         std::lock_guard lock(peer->mu);
         peer->stale++;
+        peer->leased = false;
       }
-      for (auto& item : *items) Finish(*peer, item.slice, stale);
+      for (auto& item : *items) Finish(*peer, item, stale);
       return;
+    }
+    if (lease.count() > 0) {
+      // `now` is when this read was about to be posted; reads of the same value may complete out of order.
+      std::lock_guard lock(peer->mu);
+      const bool extend = peer->leased && peer->leased_epoch == value;
+      peer->lease_until = extend ? std::max(peer->lease_until, now + lease) : now + lease;
+      peer->leased = true;
+      peer->leased_epoch = value;
     }
     Distribute(peer, std::move(*items), /*revive=*/false);
   });
@@ -142,7 +212,7 @@ void EfaTransport::Distribute(const std::shared_ptr<Peer>& peer, std::vector<Ite
     g->items.push_back(std::move(item));
   }
   Status down(ErrorCode::kPeerUnreachable, "every efa path to '" + peer->name + "' is down");
-  for (auto& item : unplaced) Finish(*peer, item.slice, down);
+  for (auto& item : unplaced) Finish(*peer, item, down);
   for (auto& [path, g] : groups) PostGroup(g);
 }
 
@@ -198,7 +268,7 @@ void EfaTransport::PostGroup(const std::shared_ptr<Group>& g) {
         std::lock_guard lock(peer.mu);
         peer.paths[g->path].in_flight -= s->length;
       }
-      Finish(peer, s, bad);
+      Finish(peer, run->item, bad);
       GroupItemDone(g);
       continue;
     }
@@ -242,7 +312,7 @@ void EfaTransport::RunDone(const std::shared_ptr<Group>& g, const std::shared_pt
     std::lock_guard lock(g->mu);
     g->held.push_back(run);
   } else {
-    Finish(peer, s, st);
+    Finish(peer, run->item, st);
   }
   GroupItemDone(g);
 }
@@ -260,7 +330,7 @@ void EfaTransport::GroupItemDone(const std::shared_ptr<Group>& g) {
     if (!fence.ok()) PathFailed(*g->peer, g->path, fence);
     for (const auto& run : held) {
       if (fence.ok()) {
-        Finish(*g->peer, run->item.slice, Status::Ok());
+        Finish(*g->peer, run->item, Status::Ok());
       } else {
         Retry(g->peer, std::move(run->item), Status(fence.code(), "efa write not confirmed: " + fence.message()));
       }
@@ -271,11 +341,11 @@ void EfaTransport::GroupItemDone(const std::shared_ptr<Group>& g) {
 void EfaTransport::Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why) {
   Slice* s = item.slice;
   if (stopping_.load()) {
-    Finish(*peer, s, why);
+    Finish(*peer, item, why);
     return;
   }
   if (++s->attempts > static_cast<uint32_t>(std::max(0, retry_count_))) {
-    Finish(*peer, s, Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
+    Finish(*peer, item, Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
                                             " attempts, MC_RETRY_CNT)"));
     return;
   }

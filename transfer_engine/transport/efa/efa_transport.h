@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,19 +32,30 @@ namespace mooncake::te::efa {
 ///
 /// Memory: every host registration is registered with every domain, in chunks of at most
 /// `efa.max_mr_size`; a slice that crosses a chunk (local or remote) is posted as several operations.
-/// Device memory is declined with the reason (FI_HMEM). Descriptor fields: efa_descriptor.h.
+/// Descriptor fields: efa_descriptor.h.
 ///
 /// Trust: providers do not protect memory (a wrong key on tcp kills the connection without an error; shm
-/// writes past the end of a region), so nothing is posted outside what the peer's descriptor lists, and each
-/// submission first reads the peer's registration epoch: when it moved on since the descriptor was fetched
-/// (memory was withdrawn), the slices fail with kStaleMetadata and kRefreshPeer before any byte moves. Where
-/// a write's completion does not mean delivery, each path's writes end with another epoch read on that path.
-/// A peer that publishes no epoch (a Mooncake engine) gets neither check.
+/// writes past the end of a region), so nothing is posted outside what the peer's descriptor lists, and a
+/// submission is posted only once the peer's registration epoch was read back equal to the descriptor's,
+/// at most half the peer's efa_epoch_lease_us before (a lease; WithdrawRegion waits the whole lease after
+/// moving the epoch on; the argument is in efa_submit.cc, Start): when it moved on since the descriptor was
+/// fetched (memory was withdrawn), the slices fail with kStaleMetadata and kRefreshPeer before any byte moves.
+/// Where a write's completion does not mean delivery, each path's writes end with another epoch read on that
+/// path. A peer that publishes no epoch (a Mooncake engine) gets neither check.
 ///
-/// Threading: Submit from any thread; completions on the domains' progress threads.
+/// Device memory (cuda, rocm) is registered with fi_mr_regattr where every domain was opened with FI_HMEM
+/// (efa.hmem, a usable device platform, and the provider offers it); else, or when the provider refuses a
+/// region, it is declined with the reason.
+///
+/// Threading: Submit and SubmitAndDrive from any thread; completions on the domains' progress threads, or
+/// on the thread inside SubmitAndDrive (including other submissions' completions it reaps meanwhile).
+struct DriveCount;
+
 class EfaTransport : public Transport {
  public:
   EfaTransport();
+  /// Uses `api` instead of the libfabric LoadFabricApi loads (a fake of the table, testing/); outlives this.
+  explicit EfaTransport(const FabricApi* api) : EfaTransport() { injected_api_ = api; }
   ~EfaTransport() override;
 
   std::string name() const override { return "efa"; }
@@ -51,13 +63,19 @@ class EfaTransport : public Transport {
   Status Configure(const TransportOptions& options) override;
   Status Start(const TransportContext& ctx) override;
   void Stop() override;
-  /// Host memory: registered with every domain. Other kinds are declined with the reason.
+  /// Host memory, and device memory where FI_HMEM is on: registered with every domain. Other kinds, and
+  /// device memory the provider refuses, are declined with the reason.
   StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
-  /// Moves the registration epoch on (peers see it before their next submission).
+  /// A remotely accessible region: moves the registration epoch on, then waits efa.epoch_lease_us, so no
+  /// peer holds a lease on the old value when it returns.
   void WithdrawRegion(const MemoryRegion& region) override;
   void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
+  /// A submission of at most efa.drive_max_bytes is posted and its completions reaped on the calling thread
+  /// (no hand-off to the progress thread either way) for up to efa.drive_us; what is left then completes
+  /// on the progress threads. Larger ones go to Submit.
+  void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
   size_t slice_size() const override { return slice_size_; }
   /// Per peer: bytes, slices, errors, stale_epoch, state, and `paths` (local and remote NIC, state, bytes).
@@ -77,6 +95,9 @@ class EfaTransport : public Transport {
   struct Group;
 
   std::shared_ptr<Peer> PeerFor(const SegmentDescriptor& desc, Status* error);
+  /// Submit's work; with `drive`, the items it starts count down drive->left as they finish.
+  void SubmitItems(const SegmentDescriptor& desc, const std::vector<Slice*>& slices,
+                   const std::shared_ptr<DriveCount>& drive);
   /// The up path of `peer` with the fewest bytes in flight, or -1. `revive`: down paths due again are tried
   /// again first (new submissions; a slice moving after a failure takes only paths that are up, so a dead
   /// peer's slices do not wander over its paths as each one is revived).
@@ -93,15 +114,19 @@ class EfaTransport : public Transport {
   void Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why);
   void ReadEpoch(const std::shared_ptr<Peer>& peer, int path, std::function<void(const Status&, uint64_t)> then);
   void Finish(Peer& peer, Slice* s, const Status& st);
+  void Finish(Peer& peer, const Item& item, const Status& st);
 
   EfaConfig cfg_;
   TransportContext ctx_;
   const FabricApi* api_ = nullptr;
+  const FabricApi* injected_api_ = nullptr;  // used instead of LoadFabricApi when set
   std::unique_ptr<EpochPage> epoch_;           // outlives the rails, which register it
   std::vector<std::unique_ptr<Rail>> rails_;
   size_t slice_size_ = 1 << 20;
   bool software_provider_ = true;
   bool same_host_only_ = false;
+  bool hmem_asked_ = false;  // Start asked for FI_HMEM (efa.hmem and a usable device platform)
+  bool hmem_ = false;        // every domain was opened with FI_HMEM: device memory is registered
   bool mooncake_names_ = false;  // the engine publishes "efa": Mooncake's field names
   int retry_count_ = 9;
   std::atomic<bool> stopping_{false};  // Stop began: failed slices are not moved to another path
@@ -113,7 +138,15 @@ class EfaTransport : public Transport {
 /// Whether libfabric loads and finds a provider: FI_PROVIDER's, else efa or verbs. Software providers are
 /// used only when FI_PROVIDER (or the efa.provider option) names them, so the plugin never joins engines
 /// of hosts without an EFA or verbs device unless asked to.
+/// When usable, its reason says whether the provider offers FI_HMEM (HmemSummary).
 TransportProbe ProbeEfa();
+
+/// One line on device memory: registered with fi_mr_regattr where `offered`, else declined.
+std::string HmemSummary(const std::string& provider, bool offered);
+
+/// The libfabric interface of a device memory kind (cuda: FI_HMEM_CUDA with the ordinal, rocm: FI_HMEM_ROCR),
+/// or nullopt for kinds libfabric 1.17 names none for (npu, musa) and non-device kinds.
+std::optional<HmemTarget> HmemTargetFor(const MemoryKind& kind);
 
 }  // namespace mooncake::te::efa
 

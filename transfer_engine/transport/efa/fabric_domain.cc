@@ -8,12 +8,14 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -98,21 +100,25 @@ bool IsLoopback(const struct fi_info* i, const std::string& name) {
   return false;
 }
 
-// Whether the provider also offers `domain` with FI_HMEM (device memory).
-bool OffersHmem(const FabricApi* api, uint32_t version, const struct fi_info* base) {
-  struct fi_info* hints = api->dupinfo(base);
-  if (hints == nullptr) return false;
-  hints->caps |= FI_HMEM;
-  hints->domain_attr->mr_mode |= FI_MR_HMEM;
-  free(hints->src_addr);
-  hints->src_addr = nullptr;
-  hints->src_addrlen = 0;
+// The provider's entry for `base`'s domain (same name and address format) when asked with `hints` plus
+// FI_HMEM (device memory), duplicated; null when it offers no FI_HMEM there. Its attributes may differ from
+// the host-only entry (shm: no inject), so it is what the domain is then opened with.
+struct fi_info* HmemInfo(const FabricApi* api, uint32_t version, const struct fi_info* hints,
+                         const struct fi_info* base) {
+  struct fi_info* h = api->dupinfo(hints);
+  if (h == nullptr) return nullptr;
+  h->caps |= FI_HMEM;
+  h->domain_attr->mr_mode |= FI_MR_HMEM;
+  const std::string domain = base->domain_attr && base->domain_attr->name ? base->domain_attr->name : "";
   struct fi_info* list = nullptr;
-  int rc = api->getinfo(version, nullptr, nullptr, 0, hints, &list);
-  api->freeinfo(hints);
-  bool found = false;
-  for (struct fi_info* i = list; rc == 0 && i != nullptr && !found; i = i->next) {
-    found = (i->caps & FI_HMEM) != 0;
+  int rc = api->getinfo(version, nullptr, nullptr, 0, h, &list);
+  api->freeinfo(h);
+  struct fi_info* found = nullptr;
+  for (struct fi_info* i = list; rc == 0 && i != nullptr && found == nullptr; i = i->next) {
+    const std::string name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "";
+    if ((i->caps & FI_HMEM) == 0 || name != domain || i->addr_format != base->addr_format) continue;
+    if (SourceIp(i) != SourceIp(base)) continue;
+    found = api->dupinfo(i);
   }
   if (list) api->freeinfo(list);
   return found;
@@ -151,8 +157,8 @@ StatusOr<std::vector<std::shared_ptr<FabricDomain>>> FabricDomain::OpenAll(const
     hints->tx_attr->op_flags = 0;
     rc = api->getinfo(version, nullptr, nullptr, 0, hints, &list);
   }
-  api->freeinfo(hints);
   if (rc != 0) {
+    api->freeinfo(hints);
     return Status(ErrorCode::kNotImplemented,
                   "libfabric has no RDM endpoint with RMA for provider '" + options.provider + "' (" +
                       api->Error("fi_getinfo", rc) + ")");
@@ -189,6 +195,7 @@ StatusOr<std::vector<std::shared_ptr<FabricDomain>>> FabricDomain::OpenAll(const
   }
   if (chosen.empty()) {
     api->freeinfo(list);
+    api->freeinfo(hints);
     return Status(ErrorCode::kDeviceNotFound, "no libfabric domain of provider '" + options.provider +
                                                   "' matches the device filter '" + options.domain_filter +
                                                   "' (domains: " + seen + ")");
@@ -198,11 +205,14 @@ StatusOr<std::vector<std::shared_ptr<FabricDomain>>> FabricDomain::OpenAll(const
   }
   std::vector<std::shared_ptr<FabricDomain>> out;
   for (struct fi_info* c : chosen) {
-    const bool hmem = OffersHmem(api, version, c);
+    // Opened with FI_HMEM where the provider offers it for this domain, so device memory can be registered.
+    struct fi_info* info = options.hmem ? HmemInfo(api, version, hints, c) : nullptr;
+    const bool hmem = info != nullptr;
     const bool loopback = IsLoopback(c, c->domain_attr->name ? c->domain_attr->name : "");
-    struct fi_info* info = api->dupinfo(c);
+    if (info == nullptr) info = api->dupinfo(c);
     if (info == nullptr) {
       api->freeinfo(list);
+      api->freeinfo(hints);
       return Status(ErrorCode::kMemory, "fi_dupinfo failed");
     }
     std::shared_ptr<FabricDomain> d(new FabricDomain(api, options));
@@ -213,11 +223,13 @@ StatusOr<std::vector<std::shared_ptr<FabricDomain>>> FabricDomain::OpenAll(const
     Status st = d->Init(info);
     if (!st.ok()) {
       api->freeinfo(list);
+      api->freeinfo(hints);
       return st;
     }
     out.push_back(std::move(d));
   }
   api->freeinfo(list);
+  api->freeinfo(hints);
   return out;
 }
 
@@ -260,6 +272,13 @@ Status FabricDomain::Init(struct fi_info* info) {
     rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
     if (rc != 0) return fail("fi_cq_open", rc);
   }
+  if (!info_.cq_wait && (info->caps & FI_RMA_EVENT) != 0) {
+    // Counts the RMA peers do here, so the polling thread notices a peer at work (see RemoteActivity).
+    struct fi_cntr_attr cntr_attr {};
+    cntr_attr.events = FI_CNTR_EVENTS_COMP;
+    cntr_attr.wait_obj = FI_WAIT_NONE;
+    if (fi_cntr_open(domain_, &cntr_attr, &remote_cntr_, nullptr) != 0) remote_cntr_ = nullptr;
+  }
   if (info_.provider.rfind("shm", 0) == 0 && info->addr_format == FI_ADDR_STR) {
     // shm names its region in /dev/shm after the process id by default; processes of other PID namespaces
     // (containers, sandboxes) sharing /dev/shm then collide (fi_enable: -FI_EBUSY). A random name does not.
@@ -276,6 +295,11 @@ Status FabricDomain::Init(struct fi_info* info) {
   if (rc != 0) return fail("fi_ep_bind(av)", rc);
   rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
   if (rc != 0) return fail("fi_ep_bind(cq)", rc);
+  if (remote_cntr_ != nullptr && fi_ep_bind(ep_, &remote_cntr_->fid, FI_REMOTE_READ | FI_REMOTE_WRITE) != 0) {
+    fi_close(&remote_cntr_->fid);  // polled with idle naps only
+    remote_cntr_ = nullptr;
+  }
+  info_.remote_events = remote_cntr_ != nullptr;
   rc = fi_enable(ep_);
   if (rc != 0) return fail("fi_enable", rc);
   uint8_t name[512];
@@ -287,29 +311,51 @@ Status FabricDomain::Init(struct fi_info* info) {
   MC_LOG(kInfo) << "efa: provider " << info_.provider << ", domain " << info_.domain << ", mr_mode 0x" << std::hex
                 << info_.mr_mode << std::dec << ", tx depth " << info_.tx_size << ", "
                 << (info_.cq_wait ? "sleeping" : "polling") << " completion queue"
-                << (info_.delivery_complete ? ", delivery-complete writes" : "");
+                << (info_.remote_events ? " (woken by peers' RMA)" : "")
+                << (info_.delivery_complete ? ", delivery-complete writes" : "") << (info_.hmem ? ", FI_HMEM" : "");
   return Status::Ok();
 }
 
 FabricDomain::~FabricDomain() {
   Stop(std::chrono::milliseconds(0));
   if (av_) fi_close(&av_->fid);
+  if (remote_cntr_) fi_close(&remote_cntr_->fid);
   if (cq_) fi_close(&cq_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
   if (fi_) api_->freeinfo(fi_);
 }
 
-StatusOr<std::unique_ptr<FabricMr>> FabricDomain::Register(void* addr, size_t len, RemoteAccess remote) {
+StatusOr<std::unique_ptr<FabricMr>> FabricDomain::Register(void* addr, size_t len, RemoteAccess remote,
+                                                           const HmemTarget& hmem) {
   if (ep_ == nullptr) return Status(ErrorCode::kContext, "the efa domain is stopped");
+  const bool device = hmem.iface != FI_HMEM_SYSTEM;
+  if (device && !info_.hmem) {
+    return Status(ErrorCode::kNotImplemented, info_.provider + " " + info_.domain + " was not opened with FI_HMEM");
+  }
   uint64_t access = FI_READ | FI_WRITE;
   if (remote != RemoteAccess::kNone) access |= FI_REMOTE_READ;
   if (remote == RemoteAccess::kReadWrite) access |= FI_REMOTE_WRITE;
   // Providers that do not assign keys need one unique per registration (the same key twice is -FI_ENOKEY).
   const uint64_t requested = info_.prov_key ? 0 : next_key_.fetch_add(1);
   struct fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(domain_, addr, len, access, 0, requested, 0, &mr, nullptr);
-  if (rc != 0) return Status(ErrorCode::kMemory, api_->Error("fi_mr_reg", rc));
+  int rc;
+  if (!device) {
+    rc = fi_mr_reg(domain_, addr, len, access, 0, requested, 0, &mr, nullptr);
+    if (rc != 0) return Status(ErrorCode::kMemory, api_->Error("fi_mr_reg", rc));
+  } else {
+    struct iovec iov {addr, len};
+    struct fi_mr_attr attr {};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.requested_key = requested;
+    attr.iface = hmem.iface;
+    attr.device.reserved = hmem.device;
+    if (hmem.iface == FI_HMEM_CUDA) attr.device.cuda = static_cast<int>(hmem.device);
+    rc = fi_mr_regattr(domain_, &attr, 0, &mr);
+    if (rc != 0) return Status(ErrorCode::kMemory, api_->Error("fi_mr_regattr", rc));
+  }
   if (info_.mr_mode & FI_MR_ENDPOINT) {
     rc = fi_mr_bind(mr, &ep_->fid, 0);
     if (rc == 0) rc = fi_mr_enable(mr);
@@ -377,12 +423,18 @@ void FabricDomain::Post(std::unique_ptr<FabricOp> op) {
     if (stopping_) {
       failed.push_back(std::move(op));
     } else {
-      const bool was_idle = live_.empty();
       queue_.push_back(std::move(op));
       failed = PostQueuedLocked();
-      // The progress thread may sleep without a deadline while idle: wake it for the new deadlines, and when
-      // the provider is full (it retries after reaping).
-      if (was_idle || !queue_.empty()) Wake();
+      if (!info_.cq_wait) {
+        // Polling: an idle nap lasts efa.idle_poll_us; the new operation needs progress now (and a nap about
+        // to begin is skipped).
+        std::lock_guard nap(park_mu_);
+        kick_ = true;
+        if (idle_nap_) park_cv_.notify_one();
+      }
+      // The progress thread wakes at least every 100 ms for deadlines, and for completions and peers' traffic
+      // by itself; only a full provider needs it now (it retries after reaping).
+      if (!queue_.empty()) Wake();
     }
   }
   FinishAll(std::move(failed), stopping ? Status(ErrorCode::kSocket, "the efa transport is shutting down")
@@ -465,9 +517,143 @@ void FabricDomain::CheckDeadlines() {
                                             std::to_string(options_.op_timeout.count()) + " ms"));
 }
 
+size_t FabricDomain::Poll(int wait_ms) {
+  struct fi_cq_entry entries[32];
+  const ssize_t n = wait_ms > 0 && info_.cq_wait ? fi_cq_sread(cq_, entries, 32, nullptr, wait_ms)
+                                                 : fi_cq_read(cq_, entries, 32);
+  size_t finished = Reap(n, entries);
+  // Another driver may sleep in the queue for a completion this call took (its done ran here).
+  if (finished > 0 && drivers_.load() > 1) Wake();
+  if (n <= 0) {
+    std::vector<std::unique_ptr<FabricOp>> failed;
+    {
+      std::lock_guard lock(post_mu_);
+      failed = PostQueuedLocked();
+    }
+    finished += failed.size();
+    FinishAll(std::move(failed), Status(ErrorCode::kSocket, "efa: posting failed"));
+  }
+  return finished;
+}
+
+void FabricDomain::BeginDrive() {
+  drivers_.fetch_add(1);
+  // Pairs with the progress thread's in_wait_ store then drivers_ load: one of the two sees the other.
+  if (in_wait_.load()) Wake();
+}
+
+void FabricDomain::EndDrive() {
+  const bool last = drivers_.fetch_sub(1) == 1;
+  bool outstanding;
+  {
+    std::lock_guard lock(post_mu_);
+    outstanding = !live_.empty() || !queue_.empty();
+  }
+  std::lock_guard lock(park_mu_);
+  if (last) drive_ended_ = Clock::now();
+  if (outstanding) {
+    unpark_ = true;  // their completions and deadlines are the progress thread's now
+    park_cv_.notify_one();
+  }
+}
+
+bool FabricDomain::Parked() {
+  std::unique_lock lock(park_mu_);
+  auto out = [&] {
+    return stop_thread_.load() || unpark_ ||
+           (drivers_.load() == 0 && Clock::now() - drive_ended_ >= kDriveLinger);
+  };
+  if (out()) {
+    unpark_ = false;
+    return false;
+  }
+  park_cv_.wait_for(lock, kDriveLinger);  // the caller loops: the next call looks again
+  return true;
+}
+
+bool FabricDomain::RemoteActivity() {
+  if (remote_cntr_ == nullptr) return false;
+  const uint64_t now = fi_cntr_read(remote_cntr_);
+  const bool moved = now != remote_seen_;
+  remote_seen_ = now;
+  return moved;
+}
+
+size_t FabricDomain::Reap(ssize_t n, struct fi_cq_entry* entries) {
+  if (n > 0) {
+    std::vector<std::unique_ptr<FabricOp>> done, failed;
+    {
+      std::lock_guard lock(post_mu_);
+      for (ssize_t i = 0; i < n; ++i) {
+        FabricOp* op = OpOf(entries[i].op_context);
+        if (auto it = live_.find(op); it != live_.end()) {
+          done.push_back(std::move(it->second));
+          live_.erase(it);
+          posted_.fetch_sub(1, std::memory_order_relaxed);
+        } else {
+          abandoned_.erase(op);
+        }
+      }
+      failed = PostQueuedLocked();
+    }
+    const size_t count = done.size() + failed.size();
+    FinishAll(std::move(done), Status::Ok());
+    FinishAll(std::move(failed), Status(ErrorCode::kSocket, "efa: posting failed"));
+    return count;
+  }
+  if (n != -FI_EAVAIL) return 0;
+  struct fi_cq_err_entry err {};
+  if (fi_cq_readerr(cq_, &err, 0) <= 0) return 0;
+  char text[256] = {0};
+  const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, text, sizeof(text));
+  Status st(ErrorCode::kSocket, std::string("efa completion error: ") + api_->strerror(err.err) +
+                                    (prov && *prov ? std::string(" (") + prov + ")" : ""));
+  std::unique_ptr<FabricOp> op;
+  {
+    std::lock_guard lock(post_mu_);
+    FabricOp* raw = err.op_context ? OpOf(err.op_context) : nullptr;
+    if (auto it = live_.find(raw); it != live_.end()) {
+      op = std::move(it->second);
+      live_.erase(it);
+      posted_.fetch_sub(1, std::memory_order_relaxed);
+    } else if (raw) {
+      abandoned_.erase(raw);
+    }
+  }
+  if (!op) return 0;
+  {
+    // One line a second at most: a dead peer fails every operation in flight at once.
+    std::lock_guard lock(log_mu_);
+    auto now = Clock::now();
+    if (now - last_error_log_ >= std::chrono::seconds(1)) {
+      MC_LOG(kWarning) << st.message()
+                       << (suppressed_errors_ ? " (and " + std::to_string(suppressed_errors_) +
+                                                    " more completion errors)"
+                                              : std::string());
+      last_error_log_ = now;
+      suppressed_errors_ = 0;
+    } else {
+      ++suppressed_errors_;
+    }
+  }
+  Finish(std::move(op), st);
+  return 1;
+}
+
+void FabricDomain::Nap(std::chrono::microseconds how_long, bool idle) {
+  std::unique_lock lock(park_mu_);
+  idle_nap_ = idle;
+  park_cv_.wait_for(lock, how_long, [&] { return kick_ || stop_thread_.load(); });
+  idle_nap_ = false;
+  kick_ = false;
+}
+
 void FabricDomain::Progress() {
+  // Polling: naps of tens of microseconds, not the default 50 us timer slack on top of each.
+  if (!info_.cq_wait) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   struct fi_cq_entry entries[32];
   int nap_us = 0;
+  bool warm = false;  // polling: a peer did RMA here lately, so naps grow from 10 us again
   while (!stop_thread_.load(std::memory_order_acquire)) {
     bool busy;
     std::vector<std::unique_ptr<FabricOp>> dropped;
@@ -477,72 +663,43 @@ void FabricDomain::Progress() {
       busy = !live_.empty() || !queue_.empty() || !abandoned_.empty();
     }
     FinishAll(std::move(dropped), Status(ErrorCode::kPeerUnreachable, "efa: the peer's address was removed"));
+    if (Parked()) {
+      CheckDeadlines();
+      continue;
+    }
     ssize_t n;
     if (info_.cq_wait) {
-      // Idle: sleep until a completion or a signal; busy: wake at least every 100 ms for the deadlines.
-      n = fi_cq_sread(cq_, entries, 32, nullptr, busy ? 100 : -1);
+      in_wait_.store(true);
+      if (drivers_.load() > 0) {  // a driver came: keep out of its way
+        in_wait_.store(false);
+        continue;
+      }
+      // Sleep until a completion or a signal, at most 100 ms (deadlines). Posting never wakes it, so a
+      // small transfer costs no thread hand-off besides its completion.
+      n = fi_cq_sread(cq_, entries, 32, nullptr, 100);
+      in_wait_.store(false);
     } else {
       n = fi_cq_read(cq_, entries, 32);
     }
-    if (n > 0) {
+    if (n > 0 || n == -FI_EAVAIL) {
       nap_us = 0;
-      std::vector<std::unique_ptr<FabricOp>> done, failed;
-      {
-        std::lock_guard lock(post_mu_);
-        for (ssize_t i = 0; i < n; ++i) {
-          FabricOp* op = OpOf(entries[i].op_context);
-          if (auto it = live_.find(op); it != live_.end()) {
-            done.push_back(std::move(it->second));
-            live_.erase(it);
-            posted_.fetch_sub(1, std::memory_order_relaxed);
-          } else {
-            abandoned_.erase(op);
-          }
-        }
-        failed = PostQueuedLocked();
-      }
-      FinishAll(std::move(done), Status::Ok());
-      FinishAll(std::move(failed), Status(ErrorCode::kSocket, "efa: posting failed"));
-    } else if (n == -FI_EAVAIL) {
-      struct fi_cq_err_entry err {};
-      if (fi_cq_readerr(cq_, &err, 0) > 0) {
-        char text[256] = {0};
-        const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, text, sizeof(text));
-        Status st(ErrorCode::kSocket, std::string("efa completion error: ") + api_->strerror(err.err) +
-                                          (prov && *prov ? std::string(" (") + prov + ")" : ""));
-        std::unique_ptr<FabricOp> op;
-        {
-          std::lock_guard lock(post_mu_);
-          FabricOp* raw = err.op_context ? OpOf(err.op_context) : nullptr;
-          if (auto it = live_.find(raw); it != live_.end()) {
-            op = std::move(it->second);
-            live_.erase(it);
-            posted_.fetch_sub(1, std::memory_order_relaxed);
-          } else if (raw) {
-            abandoned_.erase(raw);
-          }
-        }
-        if (op) {
-          // One line a second at most: a dead peer fails every operation in flight at once.
-          auto now = Clock::now();
-          if (now - last_error_log_ >= std::chrono::seconds(1)) {
-            MC_LOG(kWarning) << st.message()
-                             << (suppressed_errors_ ? " (and " + std::to_string(suppressed_errors_) +
-                                                          " more completion errors)"
-                                                    : std::string());
-            last_error_log_ = now;
-            suppressed_errors_ = 0;
-          } else {
-            ++suppressed_errors_;
-          }
-          Finish(std::move(op), st);
-        }
-      }
+      Reap(n, entries);
     } else {
       // Nothing completed (timeout, signal, or a provider without a wait object).
       if (!info_.cq_wait) {
-        nap_us = busy ? std::min(nap_us + 10, 1000) : options_.idle_poll_us;
-        std::this_thread::sleep_for(std::chrono::microseconds(nap_us));
+        if (RemoteActivity()) {
+          warm = true;
+          nap_us = 0;
+        }
+        if (busy || warm) {
+          // Growing from 10 us after each completion or peer's request, up to the idle nap.
+          nap_us = std::min(nap_us + 10, std::max(options_.idle_poll_us, 10));
+          warm = warm && nap_us < options_.idle_poll_us;
+          Nap(std::chrono::microseconds(nap_us), /*idle=*/false);
+        } else {
+          nap_us = 0;  // the next operation starts with short naps again
+          Nap(std::chrono::microseconds(options_.idle_poll_us), /*idle=*/true);
+        }
       }
       std::vector<std::unique_ptr<FabricOp>> failed;
       {
@@ -572,6 +729,10 @@ void FabricDomain::Stop(std::chrono::milliseconds drain) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   stop_thread_.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(park_mu_);
+    park_cv_.notify_all();
+  }
   Wake();
   if (progress_.joinable()) progress_.join();
   if (ep_) {

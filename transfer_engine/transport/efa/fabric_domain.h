@@ -33,7 +33,8 @@ struct FabricOp {
   fi_addr_t dest = FI_ADDR_UNSPEC;
   uint64_t remote_addr = 0;    ///< as the target's mr_mode wants it (virtual address or offset in the MR)
   uint64_t remote_key = 0;
-  /// Runs exactly once, on the domain's progress thread (or the thread calling Stop): Ok, or why it failed.
+  /// Runs exactly once, on the domain's progress thread (or the thread calling Poll or Stop): Ok, or why it
+  /// failed.
   std::function<void(const Status&)> done;
 
   /// The operation's context as libfabric sees it: its scratch space (FI_CONTEXT / FI_CONTEXT2 mode) first,
@@ -79,6 +80,15 @@ struct DomainInfo {
   bool hmem = false;      ///< the provider accepts FI_HMEM (device memory) for this domain
   bool loopback = false;  ///< a loopback interface (reaches this host only)
   bool cq_wait = false;  ///< the progress thread sleeps in fi_cq_sread (else it polls with short naps)
+  /// Polling mode: a counter of the RMA peers did on this endpoint (FI_RMA_EVENT) tells the progress thread a
+  /// peer is active, so it polls without its idle nap for a while (the shm provider needs the target's progress).
+  bool remote_events = false;
+};
+
+/// Where device memory lives as libfabric names it (fi_mr_attr.iface and its device field).
+struct HmemTarget {
+  enum fi_hmem_iface iface = FI_HMEM_SYSTEM;
+  uint64_t device = 0;  ///< the CUDA / ROCr / ZE ordinal (ZE: libfabric's fi_hmem_ze_device encoding)
 };
 
 /// One libfabric domain: fabric, domain, an FI_EP_RDM endpoint, its address vector (FI_AV_TABLE) and one
@@ -87,10 +97,12 @@ struct DomainInfo {
 ///
 /// Bounded outstanding: at most `max_outstanding` operations are with the provider; the rest wait in a queue
 /// the progress thread drains as completions come in (also when the provider answers -FI_EAGAIN; queued
-/// operations have deadlines too). Idle, the progress thread sleeps in fi_cq_sread (no core spins while
-/// nothing moves) where the provider's wait object also wakes for a peer's traffic (tcp, verbs); other
-/// providers (shm, efa, ...) are polled with naps that grow to 1 ms. An operation not completed by its deadline fails and its
-/// destination is reported through `on_timeout` (the transport marks that peer down).
+/// operations have deadlines too). The progress thread sleeps in fi_cq_sread for at most 100 ms (no core
+/// spins while nothing moves, and posting needs no wake-up) where the provider's wait object also wakes for
+/// a peer's traffic (tcp, verbs); other providers (shm, efa, ...) are polled with naps that grow from 10 us
+/// while busy or while peers do RMA here, and last idle_poll_us while idle (a post ends such a nap). A
+/// caller may reap completions itself (BeginDrive, Poll, EndDrive). An operation not completed by its
+/// deadline fails and its destination is reported through `on_timeout` (the transport marks that peer down).
 class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
  public:
   struct Options {
@@ -102,6 +114,7 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
     /// Sleep in fi_cq_sread: 1 yes, 0 no (poll), -1 where the provider's wait is known to cover peers' traffic.
     int cq_wait = -1;
     int idle_poll_us = 1000;  ///< polling: the longest nap while nothing is in flight
+    bool hmem = true;         ///< open domains with FI_HMEM where the provider offers it (device memory)
     int max_domains = 0;      ///< OpenAll opens at most this many (0: no limit)
   };
   /// Opens the first domain of `provider` that OpenAll would open; kNotImplemented with libfabric's answer
@@ -119,9 +132,12 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
 
   /// What peers may do with a registration (local reads and writes are always allowed).
   enum class RemoteAccess : uint8_t { kNone, kRead, kReadWrite };
-  /// Registers [addr, addr+len); a unique requested key when the provider does not assign them.
-  /// kContext after Stop.
-  StatusOr<std::unique_ptr<FabricMr>> Register(void* addr, size_t len, RemoteAccess remote);
+  /// Registers [addr, addr+len); a unique requested key when the provider does not assign them. Host memory
+  /// goes through fi_mr_reg; device memory (`hmem.iface` not FI_HMEM_SYSTEM) through fi_mr_regattr with that
+  /// interface, only where the domain was opened with FI_HMEM (info().hmem; else kNotImplemented).
+  /// kContext after Stop; kMemory with libfabric's answer when the provider refuses.
+  StatusOr<std::unique_ptr<FabricMr>> Register(void* addr, size_t len, RemoteAccess remote,
+                                               const HmemTarget& hmem = HmemTarget{});
 
   /// Inserts a peer's endpoint address (hex of its fi_getname) into the address vector.
   StatusOr<fi_addr_t> Insert(const std::string& hex_address);
@@ -133,6 +149,19 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   /// Takes `op` and posts it (now, or once an operation slot frees). After Stop, `done` runs at once with an
   /// error.
   void Post(std::unique_ptr<FabricOp> op);
+
+  /// Reaps completions on the calling thread, running their `done` here (the synchronous path waits with it
+  /// instead of for the progress thread); also posts queued operations as slots free. Waits up to `wait_ms`
+  /// for one in fi_cq_sread where the domain sleeps that way (info().cq_wait), else returns at once.
+  /// Returns how many operations it finished. Any thread; the progress thread may reap concurrently.
+  size_t Poll(int wait_ms = 0);
+  /// Between BeginDrive and EndDrive a caller reaps this domain's completions itself (Poll): the progress
+  /// thread stays out of the completion queue (it would take completions the caller sleeps for, and wake for
+  /// each), and keeps out for kDriveLinger after the last driver left unless operations are outstanding, so a
+  /// loop of synchronous transfers does not wake it. Calls nest and may come from several threads.
+  void BeginDrive();
+  void EndDrive();
+  static constexpr std::chrono::microseconds kDriveLinger{1000};
 
   /// Called on the progress thread with the destination of an operation that timed out. Set before the
   /// first Post.
@@ -148,6 +177,14 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   FabricDomain(const FabricApi* api, const Options& options) : api_(api), options_(options) {}
   Status Init(struct fi_info* info);
   void Progress();
+  /// Progress thread: whether to stay out of the completion queue now (a driver reaps); waits a while if so.
+  bool Parked();
+  /// Polling: sleeps `how_long`, or less when an operation is posted during an `idle` nap.
+  void Nap(std::chrono::microseconds how_long, bool idle);
+  /// Handles what fi_cq_read returned (`n` entries, or an error such as -FI_EAVAIL); the count finished.
+  size_t Reap(ssize_t n, struct fi_cq_entry* entries);
+  /// Polling mode: whether peers did RMA on this endpoint since the last call (the remote-event counter).
+  bool RemoteActivity();
   /// Posts queued operations while slots are free; post_mu_ held.
   std::vector<std::unique_ptr<FabricOp>> PostQueuedLocked();
   void FinishAll(std::vector<std::unique_ptr<FabricOp>> ops, const Status& st);
@@ -164,7 +201,17 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   struct fid_av* av_ = nullptr;
   struct fid_cq* cq_ = nullptr;
   struct fid_ep* ep_ = nullptr;
+  struct fid_cntr* remote_cntr_ = nullptr;  // RMA done by peers here (polling mode, FI_RMA_EVENT), or null
+  uint64_t remote_seen_ = 0;                // progress thread only
   std::atomic<uint64_t> next_key_{1};
+  std::atomic<int> drivers_{0};         // callers between BeginDrive and EndDrive
+  std::atomic<bool> in_wait_{false};    // the progress thread is (about to be) in fi_cq_sread
+  std::mutex park_mu_;                  // guards the four below
+  std::condition_variable park_cv_;     // the parked progress thread waits here
+  std::chrono::steady_clock::time_point drive_ended_{};  // when the last driver left
+  bool unpark_ = false;                 // a driver left operations outstanding: resume at once
+  bool kick_ = false;                   // polling: an operation was posted since the last nap
+  bool idle_nap_ = false;               // polling: the progress thread naps with nothing in flight
 
   std::mutex post_mu_;  // guards queue_, live_, removed_, stopping_; held while posting and changing the AV
   std::deque<std::unique_ptr<FabricOp>> queue_;
@@ -174,8 +221,9 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   // Timed out (their `done` has run) but still with the provider: freed when it reports them, or at Stop.
   std::unordered_map<FabricOp*, std::unique_ptr<FabricOp>> abandoned_;
   std::chrono::steady_clock::time_point next_deadline_check_{};
-  std::chrono::steady_clock::time_point last_error_log_{};  // progress thread only
-  uint64_t suppressed_errors_ = 0;                         // progress thread only
+  std::mutex log_mu_;                                       // guards the two below
+  std::chrono::steady_clock::time_point last_error_log_{};
+  uint64_t suppressed_errors_ = 0;
   bool stopping_ = false;
   std::atomic<size_t> posted_{0};
   std::atomic<bool> stop_thread_{false};

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace mooncake::te::efa {
@@ -204,6 +205,108 @@ TEST_F(FabricDomainTest, StopCompletesEverythingOnceAndRefusesLaterWork) {
   ASSERT_TRUE(w.Wait(std::chrono::seconds(1)));
   EXPECT_EQ(w.failed(), 1);
   EXPECT_FALSE(a->Register(buf.data(), buf.size(), FabricDomain::RemoteAccess::kNone).ok());
+}
+
+// Between BeginDrive and EndDrive the caller reaps its own completions (their `done` runs on its thread): the
+// progress thread keeps out of the completion queue instead of taking them and handing them over.
+TEST_F(FabricDomainTest, DriverReapsItsCompletionsOnItsOwnThread) {
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  std::vector<char> src(4096, 'x'), dst(4096);
+  auto src_mr = a->Register(src.data(), src.size(), FabricDomain::RemoteAccess::kNone);
+  auto dst_mr = b->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+  ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+  auto peer = a->Insert(b->info().address);
+  ASSERT_TRUE(peer.ok());
+  const uint64_t base = b->info().virt_addr ? reinterpret_cast<uint64_t>(dst.data()) : 0;
+  const auto me = std::this_thread::get_id();
+  int elsewhere = 0;
+  for (int i = 0; i < 50; ++i) {
+    a->BeginDrive();
+    std::atomic<bool> done{false};
+    std::thread::id who;
+    Status result;
+    auto op = std::make_unique<FabricOp>();
+    op->kind = FabricOp::Kind::kWrite;
+    op->local = src.data();
+    op->length = src.size();
+    op->local_desc = (*src_mr)->desc();
+    op->dest = *peer;
+    op->remote_addr = base;
+    op->remote_key = (*dst_mr)->key();
+    op->done = [&](const Status& st) {
+      who = std::this_thread::get_id();
+      result = st;
+      done.store(true);
+    };
+    a->Post(std::move(op));
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (!done.load() && Clock::now() < until) a->Poll(/*wait_ms=*/1);
+    a->EndDrive();
+    ASSERT_TRUE(done.load()) << i;
+    ASSERT_TRUE(result.ok()) << result.ToString();
+    if (who != me) ++elsewhere;
+  }
+  EXPECT_EQ(elsewhere, 0) << "completions reaped by the progress thread while a caller drove the domain";
+}
+
+// What a driver leaves outstanding completes on the progress thread.
+TEST_F(FabricDomainTest, EndDriveLeavesOutstandingOperationsToTheProgressThread) {
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  std::vector<char> src(4096, 'y'), dst(4096);
+  auto src_mr = a->Register(src.data(), src.size(), FabricDomain::RemoteAccess::kNone);
+  auto dst_mr = b->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+  ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+  auto peer = a->Insert(b->info().address);
+  ASSERT_TRUE(peer.ok());
+  Waiter w;
+  a->BeginDrive();
+  auto op = Op(FabricOp::Kind::kWrite, src.data(), src.size(), *peer,
+               b->info().virt_addr ? reinterpret_cast<uint64_t>(dst.data()) : 0, (*dst_mr)->key(), w);
+  op->local_desc = (*src_mr)->desc();
+  a->Post(std::move(op));
+  a->EndDrive();  // never polled
+  ASSERT_TRUE(w.Wait(std::chrono::seconds(5)));
+  EXPECT_EQ(w.ok(), 1) << w.last_error().ToString();
+  EXPECT_EQ(dst[0], 'y');
+}
+
+// Polling providers (shm): an operation posted while the progress threads nap idle (efa.idle_poll_us, here
+// 200 ms) is served at once, not after the nap: the initiator's thread is woken by the post, and the
+// target's, which must progress a peer's RMA, polls briefly again once peers are active (FI_RMA_EVENT).
+TEST_F(FabricDomainTest, PollingDomainsServeSmallWritesWithoutIdleNaps) {
+  FabricDomain::Options o;
+  o.provider = "shm";
+  o.idle_poll_us = 200000;
+  auto a = FabricDomain::Open(api_, o), b = FabricDomain::Open(api_, o);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << " " << b.status().ToString();
+  ASSERT_FALSE((*a)->info().cq_wait);
+  EXPECT_TRUE((*b)->info().remote_events) << "shm offers FI_RMA_EVENT";
+  std::vector<char> src(4096, 'z'), dst(4096);
+  auto src_mr = (*a)->Register(src.data(), src.size(), FabricDomain::RemoteAccess::kNone);
+  auto dst_mr = (*b)->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+  ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+  auto peer = (*a)->Insert((*b)->info().address);
+  ASSERT_TRUE(peer.ok());
+  const uint64_t base = (*b)->info().virt_addr ? reinterpret_cast<uint64_t>(dst.data()) : 0;
+  auto write = [&] {
+    Waiter w;
+    auto op = Op(FabricOp::Kind::kWrite, src.data(), src.size(), *peer, base, (*dst_mr)->key(), w);
+    op->local_desc = (*src_mr)->desc();
+    (*a)->Post(std::move(op));
+    EXPECT_TRUE(w.Wait(std::chrono::seconds(10)));
+    EXPECT_EQ(w.ok(), 1) << w.last_error().ToString();
+  };
+  write();  // the target may still be in an idle nap
+  constexpr int kWrites = 20;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kWrites; ++i) write();
+  const auto took = Clock::now() - t0;
+  // Idle naps would cost 100-400 ms per write (4-8 s in all).
+  EXPECT_LT(took, std::chrono::milliseconds(1000))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms for " << kWrites << " writes";
+  EXPECT_EQ(dst[4095], 'z');
 }
 
 }  // namespace
