@@ -7,7 +7,7 @@ a Buffer uses it only when MC_EP_EMULATE_GPU=1 is set (tests do that).
 Memory, IPC and copies are the platform layer's host emulation (`host_emulation` of mooncake._native.platform,
 transfer_engine/platform/host_emulation): "device" memory is a memfd mapping classified as cuda:0, its IPC
 handle is mapped by a peer on this host through pidfd_getfd or /proc/<pid>/fd (same user, or root), and copies
-run on the platform's worker; each copy is waited for (the emulation has no streams, so nothing is left in
+run on the platform's workers; each copy is waited for (on the platform's own stream: nothing is left in
 flight). Creating a HostEmulatedDevice enables that platform in this process (as MC_PLATFORM_EMULATION=1
 would). The kernels are the same operations written with torch on CPU. Test hook: MC_EP_EMULATE_IPC_OPEN_FAILS=1
 makes ipc_open fail (as cudaIpcOpenMemHandle may).

@@ -95,7 +95,8 @@ class Platform {
   /// - otherwise the platform's native stream handle (CUstream, hipStream_t, MUstream, aclrtStream) of a stream
   ///   on `device`, owned by the caller, who keeps it alive until the copy has finished. The copy (and the
   ///   completion's event) is enqueued on it, so it is ordered with the stream's other work. Platforms without
-  ///   streams (cpu, host_emulation) accept only nullptr (kInvalidArgument otherwise).
+  ///   streams (cpu) accept only nullptr; the host emulation takes nullptr or a handle of its CreateStream
+  ///   (kInvalidArgument otherwise).
   /// The completion may outlive the platform; dropping it does not cancel the copy. Errors found when starting
   /// are returned; later ones by Wait.
   virtual StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device,
@@ -104,6 +105,26 @@ class Platform {
   /// above (and a derived class that is used by its own type re-exports this one with `using`).
   StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device) {
     return CopyAsync(dst, src, length, device, nullptr);
+  }
+
+  /// A new stream on `device` (>= 0): its native handle (CUstream, hipStream_t, MUstream, aclrtStream; the host
+  /// emulation's own kind), usable as CopyAsync's `stream`. Work on one stream runs in order; work on different
+  /// streams may run concurrently, and none of it is ordered with the platform's own stream. Non-blocking where
+  /// the platform distinguishes (it does not synchronise with a legacy default stream).
+  /// Ownership: the caller's, until it passes the handle to DestroyStream, which it must do before the platform
+  /// goes (a platform may leave streams still alive then unreleased). Thread-safe; may be called on any thread.
+  /// Errors: kNotImplemented where the platform has no streams (cpu, and these defaults: callers then pass
+  /// nullptr to CopyAsync);
+  /// kDeviceNotFound for a device this process does not have or an unusable platform; the vendor's error else.
+  virtual StatusOr<void*> CreateStream(int /*device*/) {
+    return Status(ErrorCode::kNotImplemented, name() + " platform has no streams (copies take a null stream)");
+  }
+  /// Releases a stream CreateStream returned. Work already enqueued on it is not cancelled: it completes (and
+  /// its completions report it) whether DestroyStream returns at once or blocks until it has (platform's
+  /// choice). The handle is invalid afterwards. kInvalidArgument (nothing released) for a handle this platform
+  /// did not create or already destroyed. Thread-safe, but not concurrently with a CopyAsync on the same stream.
+  virtual Status DestroyStream(void* /*stream*/) {
+    return Status(ErrorCode::kNotImplemented, name() + " platform has no streams");
   }
 };
 

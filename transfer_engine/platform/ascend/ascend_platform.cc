@@ -35,6 +35,7 @@ struct AclApi {
   aclError (*aclrtMallocHost)(void**, size_t);
   aclError (*aclrtFreeHost)(void*);
   aclError (*aclrtCreateStream)(void**);
+  aclError (*aclrtDestroyStream)(void*);
   aclError (*aclrtMemcpyAsync)(void*, size_t, const void*, size_t, int, void*);
   aclError (*aclrtCreateEvent)(void**);
   aclError (*aclrtRecordEvent)(void*, void*);
@@ -62,6 +63,7 @@ class AclRuntime final : public gpu::Runtime {
     lib->Require(&api_.aclrtMallocHost, {"aclrtMallocHost"}, &missing);
     lib->Require(&api_.aclrtFreeHost, {"aclrtFreeHost"}, &missing);
     lib->Require(&api_.aclrtCreateStream, {"aclrtCreateStream"}, &missing);
+    lib->Require(&api_.aclrtDestroyStream, {"aclrtDestroyStream"}, &missing);
     lib->Require(&api_.aclrtMemcpyAsync, {"aclrtMemcpyAsync"}, &missing);
     lib->Require(&api_.aclrtCreateEvent, {"aclrtCreateEvent"}, &missing);
     lib->Require(&api_.aclrtRecordEvent, {"aclrtRecordEvent"}, &missing);
@@ -120,6 +122,10 @@ class AclRuntime final : public gpu::Runtime {
     void* s = nullptr;
     MC_RETURN_IF_ERROR(Check(api_.aclrtCreateStream(&s), "aclrtCreateStream"));
     return s;
+  }
+  // ACL wants the stream's tasks finished first: GpuPlatform::DestroyStream waits for them before calling this.
+  Status DestroyStream(void* stream) override {
+    return Check(api_.aclrtDestroyStream(stream), "aclrtDestroyStream");
   }
   Status MemcpyAsync(void* dst, const void* src, size_t length, bool dst_device, bool src_device,
                      void* stream) override {

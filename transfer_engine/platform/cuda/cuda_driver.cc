@@ -110,6 +110,7 @@ StatusOr<std::shared_ptr<const Driver>> Driver::Load(const std::vector<std::stri
   resolve(a.cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010);
   resolve(a.cuMemcpyAsync, "cuMemcpyAsync", 4000);
   resolve(a.cuStreamCreate, "cuStreamCreate", 2000);
+  resolve(a.cuStreamDestroy, "cuStreamDestroy", 4000);
   resolve(a.cuStreamSynchronize, "cuStreamSynchronize", 2000);
   resolve(a.cuEventCreate, "cuEventCreate", 2000);
   resolve(a.cuEventRecord, "cuEventRecord", 2000);

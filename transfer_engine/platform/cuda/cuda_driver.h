@@ -51,6 +51,7 @@ struct DriverApi {
   PFN_cuIpcCloseMemHandle_v4010 cuIpcCloseMemHandle = nullptr;
   PFN_cuMemcpyAsync_v4000 cuMemcpyAsync = nullptr;
   PFN_cuStreamCreate_v2000 cuStreamCreate = nullptr;
+  PFN_cuStreamDestroy_v4000 cuStreamDestroy = nullptr;
   PFN_cuStreamSynchronize_v2000 cuStreamSynchronize = nullptr;
   PFN_cuEventCreate_v2000 cuEventCreate = nullptr;
   PFN_cuEventRecord_v2000 cuEventRecord = nullptr;

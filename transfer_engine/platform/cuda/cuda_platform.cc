@@ -140,8 +140,14 @@ class CudaPlatform final : public Platform {
   MemoryType device_type() const override { return MemoryType::kCuda; }
 
   PlatformProbe Probe() override {
-    Init();
-    return probe_;
+    // Init's verdict is the probe: an unusable platform says why (Init records the cause in probe_.reason).
+    Status init = Init();
+    PlatformProbe p = probe_;
+    if (!init.ok()) {
+      p.usable = false;
+      if (p.reason.empty()) p.reason = init.message();
+    }
+    return p;
   }
 
   std::optional<MemoryKind> Classify(const void* ptr) override {
@@ -372,14 +378,47 @@ class CudaPlatform final : public Platform {
                                "cuMemcpyAsync(" + Addr(dst) + " <- " + Addr(src) + ", " + std::to_string(length) + ")",
                                ErrorCode::kInvalidArgument));
     }
+    // Blocking sync: the completion's Wait (cuEventSynchronize) sleeps until the copy is done instead of spinning
+    // a core; no timing, so the event is cheap to record.
     CUevent event = nullptr;
-    MC_RETURN_IF_ERROR(Check(api.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+    MC_RETURN_IF_ERROR(
+        Check(api.cuEventCreate(&event, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
     CUresult r = api.cuEventRecord(event, *stream);
     if (r != CUDA_SUCCESS) {
       api.cuEventDestroy(event);
       return Check(r, "cuEventRecord");
     }
     return std::unique_ptr<CopyCompletion>(new EventCompletion(driver_, Context(device), event));
+  }
+
+  StatusOr<void*> CreateStream(int device) override {
+    MC_RETURN_IF_ERROR(Init());
+    ContextScope scope(driver_->api());
+    MC_RETURN_IF_ERROR(EnterDevice(device));
+    CUstream s = nullptr;
+    MC_RETURN_IF_ERROR(Check(driver_->api().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
+    std::lock_guard<std::mutex> lock(mu_);
+    created_streams_[s] = device;
+    return static_cast<void*>(s);
+  }
+
+  Status DestroyStream(void* stream) override {
+    MC_RETURN_IF_ERROR(Init());
+    CUstream s = static_cast<CUstream>(stream);
+    int device = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = created_streams_.find(s);
+      if (it == created_streams_.end()) {
+        return InvalidArgument("cuda: " + Addr(stream) + " is not a stream CreateStream made (or it was destroyed)");
+      }
+      device = it->second;
+      created_streams_.erase(it);
+    }
+    ContextScope scope(driver_->api());
+    MC_RETURN_IF_ERROR(EnterDevice(device));
+    // Returns at once; the driver releases the stream once the work already enqueued on it has completed.
+    return Check(driver_->api().cuStreamDestroy(s), "cuStreamDestroy");
   }
 
  private:
@@ -618,10 +657,11 @@ class CudaPlatform final : public Platform {
   std::shared_ptr<const Driver> driver_;   // set by Init when usable
   int device_count_ = 0;                   // written once by Init
 
-  std::mutex mu_;  // allocations_, contexts_, streams_
+  std::mutex mu_;  // allocations_, contexts_, streams_, created_streams_
   std::map<uintptr_t, Allocation> allocations_;
   std::vector<CUcontext> contexts_;
-  std::vector<CUstream> streams_;
+  std::vector<CUstream> streams_;               // the platform's own, per device
+  std::map<CUstream, int> created_streams_;     // CreateStream's, alive -> device
 
   std::mutex import_mu_;  // mappings_, imports_
   std::map<std::string, Mapping> mappings_;  // handle of the whole allocation -> its mapping

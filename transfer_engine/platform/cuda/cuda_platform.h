@@ -35,7 +35,11 @@ namespace mooncake::te {
 ///   torch's current stream; CU_STREAM_LEGACY / CU_STREAM_PER_THREAD name the default streams) or, when it is
 ///   null, on a per-device stream of the platform; the completion queries / synchronises the event. `device` -1
 ///   picks the device of whichever side is device memory (else 0); its primary context is current while the
-///   copy is enqueued.
+///   copy is enqueued. Its event is created with CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING, so Wait sleeps
+///   in cuEventSynchronize instead of spinning.
+/// - CreateStream: cuStreamCreate(CU_STREAM_NON_BLOCKING) in `device`'s primary context; DestroyStream:
+///   cuStreamDestroy (returns at once; the driver finishes the stream's enqueued work first). Only streams this
+///   platform created are accepted (kInvalidArgument otherwise).
 /// Thread-safe. Allocations and imports still held when the platform is destroyed are not released (the
 /// driver may already be shutting down at exit).
 std::shared_ptr<Platform> MakeCudaPlatform();

@@ -374,6 +374,9 @@ class FakeApp {
     auto proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib_, "cuGetProcAddress_v2"));
     ops_ = reinterpret_cast<StreamOps>(dlsym(lib_, "fake_cuda_stream_ops"));
     retains_ = reinterpret_cast<Retains>(dlsym(lib_, "fake_cuda_primary_retains"));
+    stream_flags_ = reinterpret_cast<StreamFlags>(dlsym(lib_, "fake_cuda_stream_flags"));
+    live_streams_ = reinterpret_cast<Count>(dlsym(lib_, "fake_cuda_live_streams"));
+    event_flags_ = reinterpret_cast<EventFlags>(dlsym(lib_, "fake_cuda_last_event_flags"));
     auto get = [&](const char* name, int version) {
       void* fn = nullptr;
       CUdriverProcAddressQueryResult found;
@@ -420,6 +423,14 @@ class FakeApp {
   // How many times `device`'s primary context was retained, by anyone, so far.
   int PrimaryRetains(int device) { return retains_(device); }
 
+  // The flags `s` was created with; -1 when it is no live stream of cuStreamCreate's.
+  long long Flags(CUstream s) {
+    unsigned flags = 0;
+    return stream_flags_(s, &flags) == CUDA_SUCCESS ? static_cast<long long>(flags) : -1;
+  }
+  int LiveStreams() { return live_streams_(); }
+  unsigned LastEventFlags() { return event_flags_(); }
+
   // {copies, event records} the fake saw on `s`.
   std::pair<int, int> Ops(CUstream s) {
     int copies = -1, events = -1;
@@ -430,6 +441,12 @@ class FakeApp {
  private:
   using StreamOps = CUresult (*)(CUstream, int*, int*);
   using Retains = int (*)(int);
+  using StreamFlags = CUresult (*)(CUstream, unsigned*);
+  using Count = int (*)();
+  using EventFlags = unsigned (*)();
+  StreamFlags stream_flags_ = nullptr;
+  Count live_streams_ = nullptr;
+  EventFlags event_flags_ = nullptr;
   void* lib_ = nullptr;
   StreamOps ops_ = nullptr;
   Retains retains_ = nullptr;
@@ -479,6 +496,72 @@ TEST(CudaPlatformTest, CopyAsyncIsEnqueuedOnTheCallersStream) {
   EXPECT_NE(bogus.status().message().find("CUDA_ERROR_INVALID_HANDLE"), std::string::npos)
       << bogus.status().ToString();
   EXPECT_TRUE(p->Free(*dev, 4096, AllocationKind::kDevice).ok());
+}
+
+TEST(CudaPlatformTest, CopyCompletionsSleepInsteadOfSpinning) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  FakeApp app;
+  std::vector<unsigned char> a(64, 1), b(64, 0);
+  auto copy = p->CopyAsync(b.data(), a.data(), a.size(), 0);
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  // cuEventSynchronize blocks the waiting thread only with CU_EVENT_BLOCKING_SYNC (else it spins a core).
+  EXPECT_EQ(app.LastEventFlags(), static_cast<unsigned>(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING));
+  EXPECT_TRUE((*copy)->Wait().ok());
+  EXPECT_EQ(a, b);
+}
+
+TEST(CudaPlatformTest, CreateStreamMakesNonBlockingStreamsThatCopiesRunOn) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  FakeApp app;
+  app.MakeCurrent(-1);
+  const int live = app.LiveStreams();
+  auto dev = p->Allocate(4096, AllocationKind::kDevice, 1);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto s1 = p->CreateStream(1), s2 = p->CreateStream(1);
+  ASSERT_TRUE(s1.ok()) << s1.status().ToString();
+  ASSERT_TRUE(s2.ok()) << s2.status().ToString();
+  EXPECT_NE(*s1, *s2);
+  EXPECT_EQ(app.Current(), nullptr);  // the caller's (no) context is left as it was
+  EXPECT_EQ(app.LiveStreams(), live + 2);
+  EXPECT_EQ(app.Flags(static_cast<CUstream>(*s1)), CU_STREAM_NON_BLOCKING);
+
+  std::vector<unsigned char> src(4096, 0x5a), back(4096, 0);
+  auto h2d = p->CopyAsync(*dev, src.data(), src.size(), 1, *s1);
+  ASSERT_TRUE(h2d.ok()) << h2d.status().ToString();
+  auto d2h = p->CopyAsync(back.data(), *dev, back.size(), 1, *s2);
+  ASSERT_TRUE(d2h.ok()) << d2h.status().ToString();
+  EXPECT_EQ(app.Ops(static_cast<CUstream>(*s1)), std::make_pair(1, 1));
+  EXPECT_EQ(app.Ops(static_cast<CUstream>(*s2)), std::make_pair(1, 1));
+  EXPECT_TRUE((*h2d)->Wait().ok());
+  EXPECT_TRUE((*d2h)->Wait().ok());
+  EXPECT_EQ(back, src);
+
+  EXPECT_TRUE(p->DestroyStream(*s1).ok());
+  EXPECT_EQ(app.LiveStreams(), live + 1);
+  EXPECT_EQ(app.Flags(static_cast<CUstream>(*s1)), -1);
+  // Twice, a handle the platform did not make, a default stream: refused, nothing released.
+  EXPECT_EQ(p->DestroyStream(*s1).code(), ErrorCode::kInvalidArgument);
+  uintptr_t not_a_stream[4] = {};
+  EXPECT_EQ(p->DestroyStream(not_a_stream).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->DestroyStream(CU_STREAM_LEGACY).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(app.LiveStreams(), live + 1);
+  EXPECT_TRUE(p->DestroyStream(*s2).ok());
+  EXPECT_EQ(app.LiveStreams(), live);
+  EXPECT_EQ(app.Current(), nullptr);
+
+  EXPECT_EQ(p->CreateStream(2).status().code(), ErrorCode::kDeviceNotFound);  // the fake has 2 devices
+  EXPECT_EQ(p->CreateStream(-1).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(app.LiveStreams(), live);
+  EXPECT_TRUE(p->Free(*dev, 4096, AllocationKind::kDevice).ok());
+}
+
+TEST(CudaPlatformTest, StreamsNeedAUsableDriver) {
+  auto p = MakeCudaPlatform({"libmc-no-such-cuda.so"});
+  EXPECT_EQ(p->CreateStream(0).status().code(), ErrorCode::kDeviceNotFound);
+  int not_a_stream = 0;
+  EXPECT_EQ(p->DestroyStream(&not_a_stream).code(), ErrorCode::kDeviceNotFound);
 }
 
 TEST(CudaPlatformTest, CallsLeaveTheCallersContextAsTheyFoundIt) {

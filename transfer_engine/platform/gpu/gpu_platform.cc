@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "transfer_engine/common/format.h"
+#include "transfer_engine/common/log.h"
 
 #include "transfer_engine/platform/util/parse.h"
 
@@ -350,6 +351,40 @@ StatusOr<std::unique_ptr<CopyCompletion>> GpuPlatform::CopyAsync(void* dst, cons
   StatusOr<void*> event = runtime_->RecordEvent(*stream);
   if (!event.ok()) return Status(event.status().code(), what + ": " + event.status().message());
   return std::unique_ptr<CopyCompletion>(new EventCompletion(runtime_, *event, device, what));
+}
+
+StatusOr<void*> GpuPlatform::CreateStream(int device) {
+  MC_RETURN_IF_ERROR(Init());
+  MC_RETURN_IF_ERROR(EnterDevice(device));
+  StatusOr<void*> created = runtime_->CreateStream();
+  if (!created.ok()) return Status(created.status().code(), name_ + ": " + created.status().message());
+  std::lock_guard<std::mutex> lock(mu_);
+  created_streams_[*created] = device;
+  return *created;
+}
+
+Status GpuPlatform::DestroyStream(void* stream) {
+  MC_RETURN_IF_ERROR(Init());
+  int device = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = created_streams_.find(stream);
+    if (it == created_streams_.end()) {
+      return InvalidArgument(name_ + ": " + Addr(stream) + " is not a stream CreateStream made (or it was destroyed)");
+    }
+    device = it->second;
+    created_streams_.erase(it);
+  }
+  MC_RETURN_IF_ERROR(EnterDevice(device));
+  // The work already enqueued finishes first (its completions keep their own events).
+  StatusOr<void*> drained = runtime_->RecordEvent(stream);
+  if (drained.ok()) {
+    Status st = runtime_->SynchronizeEvent(*drained);
+    runtime_->DestroyEvent(*drained);
+    if (!st.ok()) MC_LOG(kWarning) << name_ << ": waiting for a stream's work before destroying it: " << st.message();
+  }
+  Status st = runtime_->DestroyStream(stream);
+  return st.ok() ? st : Status(st.code(), name_ + ": " + st.message());
 }
 
 }  // namespace mooncake::te::gpu

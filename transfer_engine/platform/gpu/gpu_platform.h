@@ -29,6 +29,9 @@ namespace mooncake::te::gpu {
 ///   per-device stream of the platform, completed through an event recorded on the same stream. `device` -1:
 ///   the device of whichever side is device memory, else 0; it is made current first. The runtime's null
 ///   (default) stream cannot be named: null means the platform's own.
+/// - CreateStream: Runtime::CreateStream on `device` (made current first); DestroyStream records an event on the
+///   stream and waits for it (some runtimes must not destroy a stream with work pending), then
+///   Runtime::DestroyStream. Only streams this platform created are accepted (kInvalidArgument otherwise).
 /// Thread-safe. Allocations and imports still held at destruction are not released (the vendor runtime may
 /// already be shutting down at exit).
 class GpuPlatform : public Platform {
@@ -48,6 +51,8 @@ class GpuPlatform : public Platform {
   StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t length, int device,
                                                       void* stream) override;
   using Platform::CopyAsync;  // the form on the platform's own stream
+  StatusOr<void*> CreateStream(int device) override;
+  Status DestroyStream(void* stream) override;
 
  private:
   struct Allocation {
@@ -83,6 +88,7 @@ class GpuPlatform : public Platform {
   std::mutex mu_;
   std::map<uintptr_t, Allocation> allocations_;
   std::vector<void*> streams_;  // per device, created on first use
+  std::map<void*, int> created_streams_;  // CreateStream's, alive -> device
   std::map<std::string, Mapping> mappings_;  // "<pid>:<hex handle>" -> opened mapping
   std::map<uintptr_t, Import> imports_;      // address ImportIpc returned -> import
 };

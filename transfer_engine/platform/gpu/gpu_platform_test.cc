@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -99,7 +100,17 @@ class FakeRuntime final : public Runtime {
     ++closes_;
     return Unmap(base, true);
   }
-  StatusOr<void*> CreateStream() override { return reinterpret_cast<void*>(static_cast<uintptr_t>(0x100 + current_)); }
+  // Device d's n-th stream is 0x100 + d + 0x1000 * n (the first one made is the platform's own).
+  StatusOr<void*> CreateStream() override {
+    void* s = reinterpret_cast<void*>(static_cast<uintptr_t>(0x100 + current_ + 0x1000 * made_[current_]++));
+    live_streams_.insert(s);
+    return s;
+  }
+  Status DestroyStream(void* s) override {
+    if (live_streams_.erase(s) == 0) return Status(ErrorCode::kInvalidArgument, "fake: no such stream");
+    destroyed_on_device_ = current_;
+    return Status::Ok();
+  }
   Status MemcpyAsync(void* dst, const void* src, size_t length, bool dst_device, bool src_device,
                      void* stream) override {
     last_direction_ = std::string(src_device ? "D" : "H") + "2" + (dst_device ? "D" : "H");
@@ -132,6 +143,9 @@ class FakeRuntime final : public Runtime {
   void* last_copy_stream_ = nullptr;
   void* last_event_stream_ = nullptr;
   int opens_ = 0, closes_ = 0, destroyed_events_ = 0;
+  std::set<void*> live_streams_;
+  std::map<int, int> made_;  // streams made per device
+  int destroyed_on_device_ = -1;
 
  private:
   struct Region {
@@ -324,6 +338,42 @@ TEST(GpuPlatformTest, CopyAsyncRunsOnTheCallersStreamWhenGivenOne) {
   EXPECT_STREQ(back, host);
   EXPECT_EQ(p.CopyAsync(back, host, 1, 9, theirs).status().code(), ErrorCode::kDeviceNotFound);
   EXPECT_TRUE(p.Free(*dev, 64, AllocationKind::kDevice).ok());
+}
+
+TEST(GpuPlatformTest, CreatedStreamsCarryCopiesAndAreDrainedBeforeDestruction) {
+  Made m = Make();
+  auto& p = *m.platform;
+  auto s = p.CreateStream(1);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto t = p.CreateStream(1);
+  ASSERT_TRUE(t.ok());
+  EXPECT_NE(*s, *t);
+  EXPECT_EQ(m.runtime->live_streams_.size(), 2u);
+  char host[16] = "own stream", back[16] = {};
+  auto copy = p.CopyAsync(back, host, sizeof(host), 1, *s);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(m.runtime->last_copy_stream_, *s);
+  EXPECT_TRUE((*copy)->Wait().ok());
+  EXPECT_STREQ(back, host);
+
+  const int events_before = m.runtime->destroyed_events_;
+  ASSERT_TRUE(m.runtime->SetDevice(0).ok());
+  EXPECT_TRUE(p.DestroyStream(*s).ok());
+  EXPECT_EQ(m.runtime->last_event_stream_, *s);  // an event on it was waited for first
+  EXPECT_EQ(m.runtime->destroyed_events_, events_before + 1);
+  EXPECT_EQ(m.runtime->destroyed_on_device_, 1);  // with its device current
+  EXPECT_EQ(m.runtime->live_streams_.size(), 1u);
+  EXPECT_EQ(p.DestroyStream(*s).code(), ErrorCode::kInvalidArgument);  // twice
+  int not_a_stream = 0;
+  EXPECT_EQ(p.DestroyStream(&not_a_stream).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(m.runtime->live_streams_.size(), 1u);
+  EXPECT_TRUE(p.DestroyStream(*t).ok());
+  EXPECT_EQ(p.CreateStream(2).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p.CreateStream(-1).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_TRUE(m.runtime->live_streams_.empty());
+
+  Made unusable = Make({.load_error = "no runtime"});
+  EXPECT_EQ(unusable.platform->CreateStream(0).status().code(), ErrorCode::kDeviceNotFound);
 }
 
 TEST(GpuPlatformTest, ExportHereImportInAChildProcess) {

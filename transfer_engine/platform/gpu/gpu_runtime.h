@@ -50,7 +50,10 @@ class Runtime {
   virtual StatusOr<void*> IpcOpen(const std::string& handle) = 0;
   virtual Status IpcClose(void* base) = 0;
 
+  /// A new non-blocking stream on the current device.
   virtual StatusOr<void*> CreateStream() = 0;
+  /// Releases a stream CreateStream made (GpuPlatform calls it only after the stream's work has completed).
+  virtual Status DestroyStream(void* stream) = 0;
   /// An asynchronous copy on `stream`; `dst_device` / `src_device`: whether that side is device memory
   /// (runtimes without unified addressing need the direction).
   virtual Status MemcpyAsync(void* dst, const void* src, size_t length, bool dst_device, bool src_device,

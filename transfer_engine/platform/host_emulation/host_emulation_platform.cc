@@ -79,7 +79,8 @@ class HostEmulationPlatform final : public Platform {
         worker_(std::make_unique<CopyWorker>()) {}
 
   ~HostEmulationPlatform() override {
-    worker_.reset();  // runs the copies already queued: they may touch the regions below
+    streams_.clear();  // each runs the copies already queued on it: they may touch the regions below
+    worker_.reset();
     for (auto& [addr, r] : regions_) {
       munmap(r.map_base, r.map_length);
       if (r.fd >= 0) close(r.fd);
@@ -247,18 +248,56 @@ class HostEmulationPlatform final : public Platform {
                                                       void* stream) override {
     MC_RETURN_IF_ERROR(CheckEnabled());
     MC_RETURN_IF_ERROR(CheckDevice(device, true));
-    if (stream != nullptr) {
-      return InvalidArgument("host_emulation: no streams (every copy runs on the platform's one worker, in "
-                             "submission order); the stream must be null");
-    }
     if (length > 0 && (dst == nullptr || src == nullptr)) {
       return InvalidArgument("host_emulation: copy of " + std::to_string(length) + " bytes with a null address");
     }
-    return worker_->Submit([dst, src, length] {
+    std::shared_ptr<CopyWorker> on;  // held while submitting, so a racing DestroyStream cannot pull it away
+    if (stream != nullptr) {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      auto it = streams_.find(stream);
+      if (it == streams_.end()) {
+        return InvalidArgument("host_emulation: " + Addr(stream) +
+                               " is not a stream of this platform (no streams but CreateStream's are accepted)");
+      }
+      if (device != -1 && device != it->second.device) {
+        return InvalidArgument("host_emulation: stream " + Addr(stream) + " belongs to device " +
+                               std::to_string(it->second.device) + ", not " + std::to_string(device));
+      }
+      on = it->second.worker;
+    }
+    CopyWorker* worker = on ? on.get() : worker_.get();
+    return worker->Submit([dst, src, length] {
       Status st = CheckedCopy(dst, src, length);
       if (st.ok()) return st;
       return Status(st.code(), "host_emulation: async copy failed: " + st.message());
     });
+  }
+
+  StatusOr<void*> CreateStream(int device) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    MC_RETURN_IF_ERROR(CheckDevice(device, false));
+    auto worker = std::make_shared<CopyWorker>();
+    void* handle = worker.get();
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    streams_[handle] = EmulatedStream{device, std::move(worker)};
+    return handle;
+  }
+
+  Status DestroyStream(void* stream) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    std::shared_ptr<CopyWorker> gone;
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      auto it = streams_.find(stream);
+      if (it == streams_.end()) {
+        return InvalidArgument("host_emulation: " + Addr(stream) + " is not a stream CreateStream made (or it was "
+                               "destroyed)");
+      }
+      gone = std::move(it->second.worker);
+      streams_.erase(it);
+    }
+    gone.reset();  // runs what is queued on it, then ends its thread (outside the lock)
+    return Status::Ok();
   }
 
  private:
@@ -288,7 +327,14 @@ class HostEmulationPlatform final : public Platform {
   const bool enabled_;
   std::mutex mu_;
   std::map<uintptr_t, Region> regions_;  // user-visible address -> region
-  std::unique_ptr<CopyWorker> worker_;
+  std::unique_ptr<CopyWorker> worker_;   // the platform's own stream
+
+  struct EmulatedStream {
+    int device;
+    std::shared_ptr<CopyWorker> worker;
+  };
+  std::mutex streams_mu_;
+  std::map<const void*, EmulatedStream> streams_;  // CreateStream's handle (its worker's address) -> stream
 };
 
 }  // namespace

@@ -25,10 +25,15 @@ inline constexpr const char kPlatformEmulationEnv[] = "MC_PLATFORM_EMULATION";
 ///   same user or root) gets the fd with pidfd_getfd, else through /proc/<pid>/fd/<fd>, checks that it is an
 ///   emulation memfd large enough, and maps it MAP_SHARED; CloseIpc unmaps it. The mapping stays valid after
 ///   the owner frees its allocation or exits (the memory lives until the last mapping goes).
-/// - CopyAsync: runs on the platform's worker thread, in submission order (a copy starts after every copy
-///   submitted before it has finished, whether or not anyone waits for those); the completion reports the
-///   copy's Status. The copy goes through CheckedCopy, so an unmapped or read-only range is an error, not a
-///   crash. There are no streams: a non-null `stream` is kInvalidArgument.
+/// - CopyAsync: runs on a worker thread, in submission order per stream (a copy starts after every copy submitted
+///   to the same stream before it has finished, whether or not anyone waits for those); the completion reports
+///   the copy's Status. The copy goes through CheckedCopy, so an unmapped or read-only range is an error, not a
+///   crash. `stream` null: the platform's own worker; otherwise a stream of CreateStream (kInvalidArgument for
+///   any other handle, or when `device` is neither -1 nor the stream's device).
+/// - Streams: CreateStream(device) starts a worker thread of its own (with its first copy), so copies on
+///   different streams really run concurrently (one blocked copy holds back only its own stream); its handle is
+///   an opaque address of this process. DestroyStream runs the copies already queued on it, then ends its thread
+///   (it blocks until they have run).
 ///
 /// Enabling: never silently. The instance the library registers (linked in, or loaded as a plugin) is enabled
 /// only when MC_PLATFORM_EMULATION=1 when it is created; otherwise its Probe says unusable (so the registry

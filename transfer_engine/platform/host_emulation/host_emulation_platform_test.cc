@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "transfer_engine/platform/host_emulation/emulation_handle.h"
+#include "transfer_engine/platform/testing/stalling_page.h"
 
 extern char** environ;
 
@@ -285,7 +286,8 @@ TEST(HostEmulationTest, AsyncCopyRunsOnAWorkerWithARealCompletion) {
   int stream = 0;
   auto with_stream = p->CopyAsync(back.data(), host.data(), 1, 0, &stream);
   EXPECT_EQ(with_stream.status().code(), ErrorCode::kInvalidArgument);
-  EXPECT_NE(with_stream.status().message().find("no streams"), std::string::npos) << with_stream.status().ToString();
+  EXPECT_NE(with_stream.status().message().find("not a stream of this platform"), std::string::npos)
+      << with_stream.status().ToString();
   EXPECT_TRUE(p->Free(*dev, size, AllocationKind::kDevice).ok());
 }
 
@@ -302,6 +304,66 @@ TEST(HostEmulationTest, ADroppedCompletionStillRunsInSubmissionOrder) {
   EXPECT_EQ(back.front(), 0x5a);
   EXPECT_EQ(back.back(), 0x5a);
   EXPECT_TRUE(p->Free(*dev, size, AllocationKind::kDevice).ok());
+}
+
+TEST(HostEmulationTest, StreamsRunConcurrentlyAndInOrderEach) {
+  testing::StallingPage stall;
+  if (!stall.ok()) GTEST_SKIP() << "no userfaultfd here: " << stall.why();
+  auto p = MakeHostEmulationPlatform();
+  auto a = p->CreateStream(0), b = p->CreateStream(0);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_NE(*a, *b);
+  std::vector<char> stalled_dst(stall.size(), 0), after_dst(64, 0), other_dst(64, 0), src(64, 'o');
+
+  // On stream a: a copy that reads the stalling page (blocks), then one queued behind it.
+  auto stalled = p->CopyAsync(stalled_dst.data(), stall.data(), stall.size(), 0, *a);
+  ASSERT_TRUE(stalled.ok()) << stalled.status().ToString();
+  auto behind = p->CopyAsync(after_dst.data(), src.data(), src.size(), -1, *a);
+  ASSERT_TRUE(behind.ok());
+  ASSERT_TRUE(stall.WaitForToucher(10000));
+  // On stream b, and on the platform's own: not held back by a's stalled copy.
+  auto other = p->CopyAsync(other_dst.data(), src.data(), src.size(), 0, *b);
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE((*other)->Wait().ok());
+  EXPECT_EQ(other_dst, src);
+  auto own = p->CopyAsync(other_dst.data(), src.data(), src.size(), 0);
+  ASSERT_TRUE(own.ok());
+  EXPECT_TRUE((*own)->Wait().ok());
+  EXPECT_FALSE((*stalled)->Done());
+  EXPECT_FALSE((*behind)->Done());  // in order on its stream
+
+  ASSERT_TRUE(stall.Release('s'));
+  EXPECT_TRUE((*stalled)->Wait().ok());
+  EXPECT_TRUE((*behind)->Wait().ok());
+  EXPECT_EQ(stalled_dst, std::vector<char>(stall.size(), 's'));
+  EXPECT_EQ(after_dst, src);
+
+  EXPECT_TRUE(p->DestroyStream(*a).ok());
+  EXPECT_TRUE(p->DestroyStream(*b).ok());
+}
+
+TEST(HostEmulationTest, StreamHandlesAreChecked) {
+  auto p = MakeHostEmulationPlatform(2);
+  EXPECT_EQ(p->CreateStream(2).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->CreateStream(-1).status().code(), ErrorCode::kDeviceNotFound);
+  auto s = p->CreateStream(1);
+  ASSERT_TRUE(s.ok());
+  std::vector<char> a(16, 'q'), b(16, 0);
+  EXPECT_EQ(p->CopyAsync(b.data(), a.data(), a.size(), 0, *s).status().code(), ErrorCode::kInvalidArgument);
+  auto right = p->CopyAsync(b.data(), a.data(), a.size(), 1, *s);
+  ASSERT_TRUE(right.ok());
+  EXPECT_TRUE(p->DestroyStream(*s).ok());  // runs what was queued first
+  EXPECT_TRUE((*right)->Done());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(p->DestroyStream(*s).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->CopyAsync(b.data(), a.data(), a.size(), 1, *s).status().code(), ErrorCode::kInvalidArgument);
+  int not_a_stream = 0;
+  EXPECT_EQ(p->DestroyStream(&not_a_stream).code(), ErrorCode::kInvalidArgument);
+
+  auto disabled = PlatformRegistry::Get().Find("host_emulation");  // registered, off without the variable
+  ASSERT_NE(disabled, nullptr);
+  EXPECT_EQ(disabled->CreateStream(0).status().code(), ErrorCode::kDeviceNotFound);
 }
 
 TEST(HostEmulationTest, CompletionOutlivesThePlatform) {

@@ -20,6 +20,7 @@ constexpr int kPointerAttributeMemoryType = 2, kPointerAttributeDeviceOrdinal = 
 constexpr unsigned kMemoryTypeHost = 1, kMemoryTypeDevice = 2;
 constexpr unsigned kMemHostAllocPortable = 0x1, kMemHostAllocDeviceMap = 0x2;
 constexpr unsigned kStreamNonBlocking = 0x1;
+constexpr unsigned kEventBlockingSync = 0x1;  // muEventSynchronize sleeps instead of spinning
 constexpr unsigned kEventDisableTiming = 0x2;
 constexpr unsigned kIpcMemLazyEnablePeerAccess = 0x1;
 
@@ -46,6 +47,7 @@ struct MusaApi {
   MUresult (*muIpcOpenMemHandle)(MUdeviceptr*, MuIpcMemHandle, unsigned);
   MUresult (*muIpcCloseMemHandle)(MUdeviceptr);
   MUresult (*muStreamCreate)(void**, unsigned);
+  MUresult (*muStreamDestroy)(void*);
   MUresult (*muMemcpyAsync)(MUdeviceptr, MUdeviceptr, size_t, void*);
   MUresult (*muEventCreate)(void**, unsigned);
   MUresult (*muEventRecord)(void*, void*);
@@ -83,6 +85,7 @@ class MusaRuntime final : public gpu::Runtime {
     lib->Require(&api_.muIpcOpenMemHandle, {"muIpcOpenMemHandle_v2", "muIpcOpenMemHandle"}, &missing);
     lib->Require(&api_.muIpcCloseMemHandle, {"muIpcCloseMemHandle"}, &missing);
     lib->Require(&api_.muStreamCreate, {"muStreamCreate"}, &missing);
+    lib->Require(&api_.muStreamDestroy, {"muStreamDestroy_v2", "muStreamDestroy"}, &missing);
     lib->Require(&api_.muMemcpyAsync, {"muMemcpyAsync"}, &missing);
     lib->Require(&api_.muEventCreate, {"muEventCreate"}, &missing);
     lib->Require(&api_.muEventRecord, {"muEventRecord"}, &missing);
@@ -171,13 +174,14 @@ class MusaRuntime final : public gpu::Runtime {
     MC_RETURN_IF_ERROR(Check(api_.muStreamCreate(&s, kStreamNonBlocking), "muStreamCreate"));
     return s;
   }
+  Status DestroyStream(void* stream) override { return Check(api_.muStreamDestroy(stream), "muStreamDestroy"); }
   Status MemcpyAsync(void* dst, const void* src, size_t length, bool, bool, void* stream) override {
     return Check(api_.muMemcpyAsync(Dptr(dst), Dptr(src), length, stream), "muMemcpyAsync",
                  ErrorCode::kInvalidArgument);
   }
   StatusOr<void*> RecordEvent(void* stream) override {
     void* e = nullptr;
-    MC_RETURN_IF_ERROR(Check(api_.muEventCreate(&e, kEventDisableTiming), "muEventCreate"));
+    MC_RETURN_IF_ERROR(Check(api_.muEventCreate(&e, kEventBlockingSync | kEventDisableTiming), "muEventCreate"));
     MUresult r = api_.muEventRecord(e, stream);
     if (r != kMusaSuccess) {
       api_.muEventDestroy(e);

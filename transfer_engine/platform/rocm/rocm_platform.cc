@@ -15,6 +15,7 @@ constexpr hipError_t kHipSuccess = 0;
 constexpr hipError_t kHipErrorNotReady = 600;
 constexpr unsigned kHipHostMallocPortable = 0x1, kHipHostMallocMapped = 0x2;
 constexpr unsigned kHipStreamNonBlocking = 0x1;
+constexpr unsigned kHipEventBlockingSync = 0x1;  // hipEventSynchronize sleeps instead of spinning
 constexpr unsigned kHipEventDisableTiming = 0x2;
 constexpr int kHipMemcpyDefault = 4;
 
@@ -49,6 +50,7 @@ struct HipApi {
   hipError_t (*hipIpcOpenMemHandle)(void**, HipIpcMemHandle, unsigned);
   hipError_t (*hipIpcCloseMemHandle)(void*);
   hipError_t (*hipStreamCreateWithFlags)(void**, unsigned);
+  hipError_t (*hipStreamDestroy)(void*);
   hipError_t (*hipMemcpyAsync)(void*, const void*, size_t, int, void*);
   hipError_t (*hipEventCreateWithFlags)(void**, unsigned);
   hipError_t (*hipEventRecord)(void*, void*);
@@ -81,6 +83,7 @@ class HipRuntime final : public gpu::Runtime {
     lib->Require(&api_.hipIpcOpenMemHandle, {"hipIpcOpenMemHandle"}, &missing);
     lib->Require(&api_.hipIpcCloseMemHandle, {"hipIpcCloseMemHandle"}, &missing);
     lib->Require(&api_.hipStreamCreateWithFlags, {"hipStreamCreateWithFlags"}, &missing);
+    lib->Require(&api_.hipStreamDestroy, {"hipStreamDestroy"}, &missing);
     lib->Require(&api_.hipMemcpyAsync, {"hipMemcpyAsync"}, &missing);
     lib->Require(&api_.hipEventCreateWithFlags, {"hipEventCreateWithFlags"}, &missing);
     lib->Require(&api_.hipEventRecord, {"hipEventRecord"}, &missing);
@@ -160,13 +163,14 @@ class HipRuntime final : public gpu::Runtime {
     MC_RETURN_IF_ERROR(Check(api_.hipStreamCreateWithFlags(&s, kHipStreamNonBlocking), "hipStreamCreateWithFlags"));
     return s;
   }
+  Status DestroyStream(void* stream) override { return Check(api_.hipStreamDestroy(stream), "hipStreamDestroy"); }
   Status MemcpyAsync(void* dst, const void* src, size_t length, bool, bool, void* stream) override {
     return Check(api_.hipMemcpyAsync(dst, src, length, kHipMemcpyDefault, stream), "hipMemcpyAsync",
                  ErrorCode::kInvalidArgument);
   }
   StatusOr<void*> RecordEvent(void* stream) override {
     void* e = nullptr;
-    MC_RETURN_IF_ERROR(Check(api_.hipEventCreateWithFlags(&e, kHipEventDisableTiming), "hipEventCreateWithFlags"));
+    MC_RETURN_IF_ERROR(Check(api_.hipEventCreateWithFlags(&e, kHipEventBlockingSync | kHipEventDisableTiming), "hipEventCreateWithFlags"));
     hipError_t r = api_.hipEventRecord(e, stream);
     if (r != kHipSuccess) {
       api_.hipEventDestroy(e);

@@ -28,8 +28,13 @@ StatusOr<std::shared_ptr<PeerMapping>> IpcCache::Get(const SegmentDescriptor& de
   auto key = std::make_pair(instance, buffer.addr);
   auto it = entries_.find(key);
   if (it != entries_.end()) {
-    if (it->second.handle == *handle && it->second.length == buffer.length) return it->second.mapping;
+    if (it->second.handle == *handle && it->second.length == buffer.length) {
+      it->second.last_use = ++use_clock_;
+      return it->second.mapping;
+    }
     entries_.erase(it);  // re-registered under the same address: the old mapping goes once unused
+  }
+  while (entries_.size() >= max_entries_ && EvictOneLocked()) {
   }
   auto mapped = platform_->ImportIpc(*handle, static_cast<int>(*pid), buffer.length);
   if (!mapped.ok()) {
@@ -37,7 +42,7 @@ StatusOr<std::shared_ptr<PeerMapping>> IpcCache::Get(const SegmentDescriptor& de
                                               " of segment '" + desc.name + "': " + mapped.status().message());
   }
   auto mapping = std::make_shared<PeerMapping>(platform_, static_cast<char*>(*mapped), buffer.length);
-  entries_[key] = Entry{desc.name, std::move(handle.value()), buffer.length, mapping};
+  entries_[key] = Entry{desc.name, std::move(handle.value()), buffer.length, mapping, ++use_clock_};
   ++imports_[desc.name];
   return mapping;
 }
@@ -54,6 +59,30 @@ size_t IpcCache::Forget(const std::string& segment_name) {
     }
   }
   return n;
+}
+
+bool IpcCache::EvictOneLocked() {
+  auto victim = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    // use_count() == 1: only the cache holds it, and nobody can take it without mu_.
+    if (it->second.mapping.use_count() == 1 && (victim == entries_.end() || it->second.last_use < victim->second.last_use)) {
+      victim = it;
+    }
+  }
+  if (victim == entries_.end()) return false;
+  entries_.erase(victim);  // unmapped here: no copy holds it
+  ++evictions_;
+  return true;
+}
+
+void IpcCache::ForgetBuffer(const std::string& instance, uint64_t buffer_addr) {
+  std::lock_guard lock(mu_);
+  entries_.erase({instance, buffer_addr});
+}
+
+uint64_t IpcCache::evictions() const {
+  std::lock_guard lock(mu_);
+  return evictions_;
 }
 
 void IpcCache::Clear() {

@@ -33,11 +33,15 @@ class PeerMapping {
 };
 
 /// The peer buffers this process mapped, by (peer instance, buffer address): each is imported once and reused
-/// until the handle the peer publishes for it changes (it re-registered) or the peer is forgotten (its descriptor
-/// was refreshed, e.g. after it unregistered memory). Thread-safe.
+/// until the handle the peer publishes for it changes (it re-registered), the buffer or the peer is forgotten (the
+/// peer withdrew it, or its descriptor was refreshed), or it is evicted: at most `max_entries` mappings are kept,
+/// and importing one more first drops the least recently used mapping that no copy holds. A mapping an in-flight
+/// copy holds is never evicted (and never unmapped before the copy lets go), so while every cached mapping is in
+/// use the cache may hold more than `max_entries` until those copies finish. Thread-safe.
 class IpcCache {
  public:
-  explicit IpcCache(std::shared_ptr<Platform> platform) : platform_(std::move(platform)) {}
+  IpcCache(std::shared_ptr<Platform> platform, size_t max_entries)
+      : platform_(std::move(platform)), max_entries_(max_entries < 1 ? 1 : max_entries) {}
 
   /// The mapping of `buffer` (with its `shm_name` handle) of the peer `desc` (its `pid` owns the handle),
   /// importing it the first time. The descriptor is untrusted: a missing or malformed field is an error
@@ -45,6 +49,10 @@ class IpcCache {
   StatusOr<std::shared_ptr<PeerMapping>> Get(const SegmentDescriptor& desc, const BufferDescriptor& buffer);
   /// Forgets every mapping of segment `segment_name`; how many.
   size_t Forget(const std::string& segment_name);
+  /// Forgets the mapping of the buffer at `buffer_addr` of peer instance `instance` (it was withdrawn).
+  void ForgetBuffer(const std::string& instance, uint64_t buffer_addr);
+  /// Mappings dropped to stay within max_entries.
+  uint64_t evictions() const;
   void Clear();
   size_t size() const;
   /// Per segment: buffers mapped now, and imports made since creation (a reused mapping does not count).
@@ -56,9 +64,16 @@ class IpcCache {
     std::string handle;
     uint64_t length;
     std::shared_ptr<PeerMapping> mapping;
+    uint64_t last_use = 0;  // use_clock_ at the last Get that returned it
   };
+  /// Drops the least recently used entry no copy holds; false when every entry is held. mu_ held.
+  bool EvictOneLocked();
+
   std::shared_ptr<Platform> platform_;
+  const size_t max_entries_;
   mutable std::mutex mu_;
+  uint64_t use_clock_ = 0;
+  uint64_t evictions_ = 0;
   std::map<std::pair<std::string, uint64_t>, Entry> entries_;  // (peer instance, buffer address)
   std::map<std::string, uint64_t> imports_;  // by segment
 };

@@ -89,7 +89,13 @@ int main(int argc, char** argv) {
   }
   a->reset();
   b->reset();
-  cuda->Free(*src, kBuffer, AllocationKind::kDevice);
-  cuda->Free(*dst, kBuffer, AllocationKind::kDevice);
-  return 0;
+  int rc = 0;
+  for (void* p : {*src, *dst}) {
+    Status freed = cuda->Free(p, kBuffer, AllocationKind::kDevice);
+    if (!freed.ok()) {
+      fprintf(stderr, "free: %s\n", freed.ToString().c_str());
+      rc = 1;
+    }
+  }
+  return rc;
 }

@@ -1,7 +1,7 @@
 """nvlink_intra loaded from its .so (MC_PLUGIN_DIR) by two engine processes on the host emulation
 (MC_PLATFORM_EMULATION=1: memfd "cuda" memory, real cross-process IPC, not a GPU): device-to-device writes and
 reads across the processes through one cached mapping of the peer's buffer, none of it over tcp; a buffer the peer
-unregistered is refused (its epoch page moved on), never written."""
+unregistered is refused (its epoch moved on), never written."""
 
 import hashlib
 import json

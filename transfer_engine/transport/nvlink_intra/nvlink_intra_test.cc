@@ -6,10 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "transfer_engine/api/engine.h"
+#include "transfer_engine/transport/nvlink_intra/ipc_cache.h"
 #include "transfer_engine/transport/nvlink_intra/ipc_handle_hex.h"
 
 namespace mooncake::te::nvlink_intra {
@@ -214,6 +219,119 @@ TEST_F(NvlinkIntraEngineTest, MemoryTheTargetUnregisteredIsNeverWritten) {
   EXPECT_TRUE(cuda_->Free(*extra, kExtra, AllocationKind::kDevice).ok());
 }
 
+TEST_F(NvlinkIntraEngineTest, UnregisteringOneBufferLeavesThePeersOtherBuffersValid) {
+  constexpr size_t kExtra = 1 << 20;
+  auto extra = cuda_->Allocate(kExtra, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(extra.ok());
+  ASSERT_TRUE(b_->RegisterMemory(*extra, kExtra).ok());
+  a_->InvalidateSegment(b_->segment_name());  // a's next transfer fetches b's descriptor with both buffers
+  memset(local_, 'x', 4096);
+  TransferRequest into_x{OpCode::kWrite, local_, peer_, reinterpret_cast<uint64_t>(*extra), 4096};
+  ASSERT_TRUE(a_->TransferSync({into_x}, kTimeout).ok());
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());  // into y (remote_)
+  const nlohmann::json before = Carried();
+  ASSERT_EQ(before["imports"], 2u) << before.dump();
+  ASSERT_TRUE(b_->UnregisterMemory(*extra).ok());  // x is gone; a's cached descriptor still lists it
+  // y: copied at once through its cached mapping, with no failed attempt and no refresh (which would map it again).
+  memset(local_, 'y', 4096);
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
+  EXPECT_EQ(static_cast<char*>(remote_)[4095], 'y');
+  nlohmann::json after = Carried();
+  EXPECT_EQ(after["errors"], before["errors"]) << "a copy into y failed: " << after.dump();
+  EXPECT_EQ(after["imports"], 2u) << "y was mapped again: " << after.dump();
+  // x: refused cleanly, never written.
+  memset(*extra, 0, 4096);
+  Status st = a_->TransferSync({into_x}, kTimeout);
+  EXPECT_EQ(st.code(), ErrorCode::kAddressNotRegistered) << st.ToString();
+  EXPECT_EQ(static_cast<char*>(*extra)[0], 0) << "a write landed in memory the target had unregistered";
+  memset(local_, 'z', 4096);
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
+  EXPECT_EQ(static_cast<char*>(remote_)[0], 'z');
+  EXPECT_TRUE(cuda_->Free(*extra, kExtra, AllocationKind::kDevice).ok());
+}
+
+TEST(NvlinkIntraCacheTest, MapsMoreBuffersThanTheBoundLeastRecentlyUsedFirst) {
+  auto cuda = Cuda();
+  ASSERT_NE(cuda, nullptr);
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1";
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.protocol = "tcp";
+  o.transport_options = {{"nvlink_intra.max_mappings", "2"}};
+  auto a = TransferEngine::Create(o);
+  auto b = TransferEngine::Create(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  constexpr size_t kLen = 1 << 20;
+  constexpr int kBuffers = 5;
+  std::vector<void*> dev;
+  for (int i = 0; i <= kBuffers; ++i) {  // [0, kBuffers): b's; the last one: a's source
+    auto m = cuda->Allocate(kLen, AllocationKind::kDevice, 0);
+    ASSERT_TRUE(m.ok());
+    dev.push_back(*m);
+    ASSERT_TRUE((i < kBuffers ? *b : *a)->RegisterMemory(*m, kLen).ok());
+  }
+  auto peer = (*a)->OpenSegment((*b)->segment_name());
+  ASSERT_TRUE(peer.ok());
+  auto carried = [&] { return nlohmann::json::parse((*a)->StatsJson())["nvlink_intra"][(*b)->segment_name()]; };
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kBuffers; ++i) {
+      memset(dev[kBuffers], 'a' + i + round, kLen);
+      TransferRequest r{OpCode::kWrite, dev[kBuffers], *peer, reinterpret_cast<uint64_t>(dev[i]), kLen};
+      ASSERT_TRUE((*a)->TransferSync({r}, kTimeout).ok());
+      EXPECT_EQ(static_cast<char*>(dev[i])[kLen - 1], 'a' + i + round);
+      EXPECT_LE(carried()["mapped"].get<uint64_t>(), 2u) << carried().dump();
+    }
+  }
+  EXPECT_EQ(carried()["imports"], 2u * kBuffers) << "each buffer was evicted before its next use: " << carried().dump();
+  // The most recent buffer stays mapped: using it again imports nothing.
+  TransferRequest last{OpCode::kWrite, dev[kBuffers], *peer, reinterpret_cast<uint64_t>(dev[kBuffers - 1]), kLen};
+  ASSERT_TRUE((*a)->TransferSync({last}, kTimeout).ok());
+  EXPECT_EQ(carried()["imports"], 2u * kBuffers);
+  a->reset();
+  b->reset();
+  for (void* p : dev) EXPECT_TRUE(cuda->Free(p, kLen, AllocationKind::kDevice).ok());
+}
+
+TEST(NvlinkIntraCacheTest, AMappingACopyHoldsIsNeverEvicted) {
+  auto cuda = Cuda();
+  ASSERT_NE(cuda, nullptr);
+  IpcCache cache(cuda, 2);
+  constexpr size_t kLen = 1 << 16;
+  SegmentDescriptor desc;
+  desc.name = "peer";
+  desc.json = {{"instance", "i1"}, {"pid", getpid()}};
+  std::vector<void*> dev;
+  std::vector<BufferDescriptor> bufs;
+  for (int i = 0; i < 3; ++i) {
+    auto m = cuda->Allocate(kLen, AllocationKind::kDevice, 0);
+    ASSERT_TRUE(m.ok());
+    dev.push_back(*m);
+    auto h = cuda->ExportIpc(*m, kLen);
+    ASSERT_TRUE(h.ok());
+    BufferDescriptor b;
+    b.addr = reinterpret_cast<uint64_t>(*m);
+    b.length = kLen;
+    b.json = {{"shm_name", HandleToHex(*h)}};
+    bufs.push_back(b);
+  }
+  auto held = cache.Get(desc, bufs[0]);  // the least recently used, but held by a "copy"
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(cache.Get(desc, bufs[1]).ok());
+  ASSERT_TRUE(cache.Get(desc, bufs[2]).ok());  // evicts bufs[1], not the held bufs[0]
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.evictions(), 1u);
+  memset((*held)->base(), 'h', kLen);  // still mapped
+  EXPECT_EQ(static_cast<char*>(dev[0])[kLen - 1], 'h');
+  auto again = cache.Get(desc, bufs[0]);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), held->get()) << "the held mapping stayed cached";
+  EXPECT_EQ(cache.CountBySegment()["peer"].second, 3u) << "imports";
+  held->reset();
+  again->reset();
+  cache.Clear();
+  for (void* p : dev) EXPECT_TRUE(cuda->Free(p, kLen, AllocationKind::kDevice).ok());
+}
+
 TEST_F(NvlinkIntraEngineTest, HostMemoryGoesAnotherWay) {
   std::vector<char> host(1 << 16, 'h');
   ASSERT_TRUE(a_->RegisterMemory(host.data(), host.size()).ok());
@@ -239,6 +357,83 @@ TEST(NvlinkIntraManagedTest, ManagedBuffersAreShareableDeviceMemory) {
   auto handle = Cuda()->ExportIpc(*p, 1 << 20);  // shareable: it exports
   EXPECT_TRUE(handle.ok()) << handle.status().ToString();
   EXPECT_TRUE((*e)->FreeManaged(*p, 1 << 20).ok());
+}
+
+// The registry's CUDA platform (the emulation) under its own name, watched: the stream of each copy.
+class StreamWatch final : public Platform {
+ public:
+  explicit StreamWatch(std::shared_ptr<Platform> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  MemoryType device_type() const override { return inner_->device_type(); }
+  PlatformProbe Probe() override { return inner_->Probe(); }
+  std::optional<MemoryKind> Classify(const void* p) override { return inner_->Classify(p); }
+  StatusOr<void*> Allocate(size_t n, AllocationKind k, int d) override { return inner_->Allocate(n, k, d); }
+  Status Free(void* p, size_t n, AllocationKind k) override { return inner_->Free(p, n, k); }
+  StatusOr<std::string> ExportIpc(void* p, size_t n) override { return inner_->ExportIpc(p, n); }
+  StatusOr<void*> ImportIpc(const std::string& h, int pid, size_t n) override { return inner_->ImportIpc(h, pid, n); }
+  Status CloseIpc(void* p, size_t n) override { return inner_->CloseIpc(p, n); }
+  StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t n, int device,
+                                                      void* stream) override {
+    {
+      std::lock_guard lock(mu_);
+      streams_.push_back(stream);
+    }
+    return inner_->CopyAsync(dst, src, n, device, stream);
+  }
+  StatusOr<void*> CreateStream(int device) override { return inner_->CreateStream(device); }
+  Status DestroyStream(void* s) override { return inner_->DestroyStream(s); }
+  std::vector<void*> streams() {
+    std::lock_guard lock(mu_);
+    return streams_;
+  }
+
+ private:
+  std::shared_ptr<Platform> inner_;
+  std::mutex mu_;
+  std::vector<void*> streams_;
+};
+
+TEST(NvlinkIntraStreamsTest, SlicesInFlightRunOnDifferentStreams) {
+  auto original = Cuda();
+  ASSERT_NE(original, nullptr);
+  auto watch = std::make_shared<StreamWatch>(original);
+  PlatformRegistry::Get().Register(watch);  // replaces the emulation (same name) for the engines below
+  setenv("MC_NVLINK_INTRA_SLICE_SIZE", "1048576", 1);
+  setenv("MC_NVLINK_INTRA_STREAMS", "3", 1);
+  {
+    EngineOptions o;
+    o.local_server_name = "127.0.0.1";
+    o.metadata_conn = "P2PHANDSHAKE";
+    o.protocol = "tcp";
+    auto a = TransferEngine::Create(o);
+    auto b = TransferEngine::Create(o);
+    ASSERT_TRUE(a.ok() && b.ok());
+    constexpr size_t kLen = 6 << 20;
+    auto local = watch->Allocate(kLen, AllocationKind::kDevice, 0);
+    auto remote = watch->Allocate(kLen, AllocationKind::kDevice, 0);
+    ASSERT_TRUE(local.ok() && remote.ok());
+    ASSERT_TRUE((*a)->RegisterMemory(*local, kLen).ok());
+    ASSERT_TRUE((*b)->RegisterMemory(*remote, kLen).ok());
+    auto peer = (*a)->OpenSegment((*b)->segment_name());
+    ASSERT_TRUE(peer.ok());
+    for (size_t i = 0; i < kLen; ++i) static_cast<unsigned char*>(*local)[i] = static_cast<unsigned char>(i * 7 + 1);
+    const size_t before = watch->streams().size();
+    TransferRequest r{OpCode::kWrite, *local, *peer, reinterpret_cast<uint64_t>(*remote), kLen};
+    ASSERT_TRUE((*a)->TransferSync({r}, kTimeout).ok());
+    EXPECT_EQ(0, memcmp(*local, *remote, kLen));
+    auto used = watch->streams();
+    used.erase(used.begin(), used.begin() + static_cast<long>(before));
+    ASSERT_EQ(used.size(), 6u) << "one copy per 1 MiB slice";
+    EXPECT_EQ(std::count(used.begin(), used.end(), nullptr), 0) << "a copy on the platform's own stream";
+    EXPECT_EQ(std::set<void*>(used.begin(), used.end()).size(), 3u) << "the slices spread over the 3 streams";
+    a->reset();
+    b->reset();
+    EXPECT_TRUE(watch->Free(*local, kLen, AllocationKind::kDevice).ok());
+    EXPECT_TRUE(watch->Free(*remote, kLen, AllocationKind::kDevice).ok());
+  }
+  unsetenv("MC_NVLINK_INTRA_SLICE_SIZE");
+  unsetenv("MC_NVLINK_INTRA_STREAMS");
+  PlatformRegistry::Get().Register(original);
 }
 
 }  // namespace

@@ -64,9 +64,12 @@ Status NvlinkIntraTransport::Start(const TransportContext& ctx) {
     MC_LOG(kInfo) << "nvlink_intra: " << inert_why_ << "; it moves nothing";
     return Status::Ok();
   }
-  cache_ = std::make_unique<IpcCache>(platform_);
-  epoch_ = std::make_unique<LocalEpoch>();
-  if (epoch_->fd() < 0) MC_LOG(kWarning) << "nvlink_intra: no epoch page (memfd_create failed); peers will refuse copies";
+  cache_ = std::make_unique<IpcCache>(platform_, config_.max_mappings);
+  streams_ = std::make_unique<StreamPool>(platform_, config_.streams);
+  epochs_ = std::make_unique<LocalEpochs>();
+  if (epochs_->fd() < 0) {
+    MC_LOG(kWarning) << "nvlink_intra: no epoch table (memfd_create failed); peers will refuse copies";
+  }
   MC_LOG(kInfo) << "nvlink_intra: IPC through platform '" << platform_->name() << "'";
   return Status::Ok();
 }
@@ -101,19 +104,43 @@ StatusOr<RegionRegistration> NvlinkIntraTransport::RegisterRegion(const MemoryRe
     MC_LOG(kInfo) << "nvlink_intra: " << Range(region.start, region.length) << " declined: " << r.why_declined;
     return r;
   }
+  auto slot = epochs_->Assign();
+  if (!slot.ok()) {
+    r.declined = true;
+    r.why_declined = slot.status().message();
+    return r;
+  }
+  {
+    std::lock_guard lock(slots_mu_);
+    slots_[region.start] = slot->first;
+  }
+  // The device's copy streams, here on the registering thread rather than by the first copy (a failure is logged
+  // once: copies then use the platform's own stream).
+  if (region.kind.device >= 0) (void)streams_->Prepare(region.kind.device);
   r.descriptor_fields["shm_name"] = HandleToHex(*handle);
+  r.descriptor_fields[kEpochSlotField] = slot->first;
+  r.descriptor_fields[kEpochField] = slot->second;
   return r;
 }
 
-void NvlinkIntraTransport::WithdrawRegion(const MemoryRegion&) {
-  if (epoch_) epoch_->Advance();
+void NvlinkIntraTransport::WithdrawRegion(const MemoryRegion& region) {
+  std::lock_guard lock(slots_mu_);
+  auto it = slots_.find(region.start);
+  if (it != slots_.end()) epochs_->Advance(it->second);
+}
+
+void NvlinkIntraTransport::UnregisterRegion(const MemoryRegion& region) {
+  std::lock_guard lock(slots_mu_);
+  auto it = slots_.find(region.start);
+  if (it == slots_.end()) return;
+  epochs_->Release(it->second);
+  slots_.erase(it);
 }
 
 void NvlinkIntraTransport::Describe(nlohmann::json& descriptor) const {
   if (!platform_) return;
   descriptor[kPlatformField] = platform_->name();
-  descriptor[kEpochField] = epoch_->value();
-  descriptor[kEpochFdField] = epoch_->fd();
+  descriptor[kEpochFdField] = epochs_->fd();
 }
 
 bool NvlinkIntraTransport::CanReach(const SegmentDescriptor& peer) const {
@@ -132,14 +159,17 @@ bool NvlinkIntraTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Co
     return false;
   };
   if (!cache_) return fail(Status(ErrorCode::kNotImplemented, "nvlink_intra: " + inert_why_));
-  Status current = peer_epochs_.Check(peer);  // the peer withdrew nothing since `peer` was fetched
-  if (current.code() == ErrorCode::kStaleMetadata) return fail(current, SliceRetry::kRefreshPeer);
-  if (!current.ok()) return fail(current);
   const BufferDescriptor* buf = peer.FindBuffer(s->remote, s->length);
   if (buf == nullptr) {
     return fail(Status(ErrorCode::kAddressNotRegistered, "nvlink_intra: " + Range(s->remote, s->length) +
                                                              " is not inside a buffer of '" + peer.name + "'"));
   }
+  Status current = peer_epochs_.Check(peer, *buf);  // the peer did not withdraw this buffer since `peer` was fetched
+  if (current.code() == ErrorCode::kStaleMetadata) {
+    cache_->ForgetBuffer(JsonString(peer.json, "instance").value_or(""), buf->addr);
+    return fail(current, SliceRetry::kRefreshPeer);
+  }
+  if (!current.ok()) return fail(current);
   // A peer in this very process (same host id, hence PID namespace, and same pid) has device pointers that are
   // ours. CUDA refuses to import an IPC handle in the process that exported it: then copy directly (remembered
   // per peer, so the import is tried once). The emulation imports its own handles, so tests map as across
@@ -170,7 +200,7 @@ bool NvlinkIntraTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Co
   const void* src = s->opcode == OpCode::kWrite ? static_cast<const void*>(s->local) : remote;
   // On the local buffer's device (its context and stream), not the one the destination pointer names.
   const int device = s->task ? s->task->route.local_kind.device : -1;
-  auto started = platform_->CopyAsync(dst, src, s->length, device);
+  auto started = streams_->CopyAsync(dst, src, s->length, device);
   if (!started.ok()) {
     return fail(Status(started.status().code(), "nvlink_intra: copy did not start: " + started.status().message()));
   }

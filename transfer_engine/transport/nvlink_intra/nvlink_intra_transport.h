@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "transfer_engine/platform/stream_pool.h"
 #include "transfer_engine/transport/nvlink_intra/epoch_page.h"
 #include "transfer_engine/transport/nvlink_intra/ipc_cache.h"
 #include "transfer_engine/transport/nvlink_intra/nvlink_intra_config.h"
@@ -22,7 +23,9 @@ namespace mooncake::te::nvlink_intra {
 /// exports each registered CUDA region (Platform::ExportIpc: a legacy CUDA IPC handle, or a POSIX-fd VMM handle
 /// for shareable memory; on the host emulation its memfd) and publishes it as the buffer's `shm_name` (upper-case
 /// hex); the initiator maps a peer buffer once (ImportIpc, cached per peer instance and buffer; IpcCache) and copies
-/// with CopyAsync on the platform's own stream. No socket, no staging.
+/// with CopyAsync on a few streams per device (StreamPool, MC_NVLINK_INTRA_STREAMS, created when a region of the
+/// device is registered): each copy takes the least busy one, so unrelated transfers run concurrently. No socket,
+/// no staging.
 ///
 /// - Reaches: peers with this host's `host_id` whose descriptor names the same IPC platform
 ///   (`nvlink_intra_platform`: "cuda", or "host_emulation" in tests); moves (cuda, cuda) only.
@@ -31,11 +34,14 @@ namespace mooncake::te::nvlink_intra {
 ///   MC_PLATFORM_EMULATION=1).
 /// - Mappings are dropped on ForgetPeer (the engine calls it when it refreshes the peer's descriptor, e.g. after the
 ///   peer unregistered memory) and when a buffer's handle changes; a copy in flight keeps its mapping alive.
-/// - Withdrawn memory: the target's registration epoch (epoch_page.h: a sealed memfd page peers map read-only)
-///   moves on in WithdrawRegion; before each copy the initiator compares it with the descriptor's and, when it
-///   moved, fails the slice with kStaleMetadata / SliceRetry::kRefreshPeer (the engine refetches the descriptor, and a
-///   range no longer registered fails with kAddressNotRegistered). An unregistration racing the copy itself is not
-///   caught.
+/// - Withdrawn memory: each registered region has its own epoch in the target's table (epoch_page.h: a sealed
+///   memfd peers map read-only; the buffer's entry names its slot and value), which moves on in WithdrawRegion;
+///   before each copy the initiator compares the target buffer's epoch with the descriptor's and, when it moved,
+///   forgets that buffer's mapping and fails the slice with kStaleMetadata / SliceRetry::kRefreshPeer (the engine
+///   refetches the descriptor, and a range no longer registered fails with kAddressNotRegistered). Copies into the
+///   peer's other buffers go on untouched. An unregistration racing the copy itself is not caught.
+/// - Mappings: at most MC_NVLINK_INTRA_MAX_MAPPINGS peer buffers stay mapped (IpcCache: least recently used first;
+///   one an in-flight copy holds is never unmapped).
 /// - allocate_managed_buffer (when nvlink_intra is the preferred protocol): shareable device memory
 ///   (AllocationKind::kShareable: VMM with a POSIX-fd handle on CUDA).
 ///
@@ -53,10 +59,12 @@ class NvlinkIntraTransport : public Transport {
   void Stop() override;
   /// CUDA memory: exported, `shm_name` = the handle in hex; anything else is declined.
   StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
-  /// Moves the registration epoch on (peers see it before their next copy).
+  /// Moves the region's epoch on (peers see it before their next copy into it; other buffers stay valid).
   void WithdrawRegion(const MemoryRegion& region) override;
-  /// `nvlink_intra_platform`: the IPC platform's name, `nvlink_intra_epoch` / `nvlink_intra_epoch_fd`: the
-  /// registration epoch and its page (only when a platform is usable).
+  /// Gives up the region's epoch slot.
+  void UnregisterRegion(const MemoryRegion& region) override;
+  /// `nvlink_intra_platform`: the IPC platform's name, `nvlink_intra_epoch_fd`: its epoch table (only when a
+  /// platform is usable).
   void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
@@ -85,7 +93,10 @@ class NvlinkIntraTransport : public Transport {
   std::shared_ptr<Platform> platform_;  // the CUDA platform of the context; null: inert
   std::string inert_why_;
   std::unique_ptr<IpcCache> cache_;
-  std::unique_ptr<LocalEpoch> epoch_;
+  std::unique_ptr<StreamPool> streams_;  // with platform_
+  std::unique_ptr<LocalEpochs> epochs_;
+  std::mutex slots_mu_;
+  std::map<uint64_t, uint32_t> slots_;  // registered region start -> its epoch slot (slots_mu_)
   PeerEpochs peer_epochs_;
 
   std::mutex mu_;  // guards the fields below

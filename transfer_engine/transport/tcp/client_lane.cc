@@ -327,15 +327,19 @@ void ClientLane::ReadLocked(Outcome* out) {
       return;
     }
     Slice* s = pending_.front().slice;
-    if (h.status == FrameStatus::kAddressRejected) {
+    if (h.status != FrameStatus::kOk) {
       if (h.length != 0) {
         CloseLocked(Status(ErrorCode::kSocket, "malformed rejection on " + path_->label), true, out);
         return;
       }
-      CompleteFrontLocked(Status(ErrorCode::kRemoteRejected,
-                                 "target " + path_->label + " rejected " + Range(s->remote, s->length) +
-                                     ": not inside memory it registered for remote access"),
-                          out);
+      CompleteFrontLocked(
+          h.status == FrameStatus::kDeviceCopyFailed
+              ? Status(ErrorCode::kMemory, "target " + path_->label + " could not copy " + Range(s->remote, s->length) +
+                                               " of its device memory through its staging (device copy failed)")
+              : Status(ErrorCode::kRemoteRejected, "target " + path_->label + " rejected " +
+                                                       Range(s->remote, s->length) +
+                                                       ": not inside memory it registered for remote access"),
+          out);
       continue;
     }
     uint64_t expected = s->opcode == OpCode::kRead ? s->length : 0;

@@ -16,7 +16,6 @@ namespace {
 constexpr int kMaxIov = 64;
 constexpr size_t kDiscardChunk = 64 << 10;
 constexpr size_t kMaxQueuedResponses = 4096;  // stop reading requests while this many answers wait
-constexpr size_t kMaxStagedBytes = 64 << 20;  // stop reading requests while this much device memory is staged
 }  // namespace
 
 ServerConnection::ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* memory, uint64_t max_frame,
@@ -28,6 +27,7 @@ ServerConnection::ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* m
       stager_(stager),
       on_close_(std::move(on_close)),
       anchor_(std::make_shared<Anchor>(Anchor{this})) {
+  if (stager_) max_staged_ = std::max(stager_->chunk_bytes(), stager_->role_bytes() / 4);
   peer_ = net::PeerName(fd);
   Progress();
   frame_start_ = std::chrono::steady_clock::now();
@@ -35,7 +35,7 @@ ServerConnection::ServerConnection(int fd, IoLoop* loop, const MemoryRegistry* m
 
 bool ServerConnection::Stalled(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds timeout) const {
   bool mid_frame = rend_ > rstart_ || write_left_ > 0;
-  bool busy = mid_frame || !out_.empty();
+  bool busy = mid_frame || !out_.empty() || read_left_ > 0;
   return fd_ >= 0 && ((busy && now - last_progress() > timeout) || (mid_frame && now - frame_start_ > timeout));
 }
 
@@ -56,23 +56,28 @@ void ServerConnection::Close(const std::string& why) {
   fd_ = -1;
   out_.clear();
   write_pin_.reset();
-  write_staging_.reset();
+  write_chunk_.reset();
+  read_pin_.reset();
+  read_left_ = 0;
   staged_bytes_ = 0;
   if (on_close_) on_close_(this);
 }
 
 bool ServerConnection::Backlogged() const {
-  // The staging bound applies between frames only: a WRITE payload being received always continues.
-  return out_.size() >= kMaxQueuedResponses || (write_left_ == 0 && staged_bytes_ >= kMaxStagedBytes);
+  if (out_.size() >= kMaxQueuedResponses || waiting_chunk_) return true;
+  // This connection's share of the staging applies wherever it would take a chunk: between frames, for the next
+  // chunk of a staged WRITE or READ (a WRITE payload into host memory always continues).
+  const bool wants_chunk = write_left_ == 0 || (write_staged_ && write_pin_ && !write_chunk_);
+  return wants_chunk && staged_bytes_ >= max_staged_ && max_staged_ > 0;
 }
 
 void ServerConnection::Pump() {
   // Requests may sit in rbuf_ while reading paused on a full answer queue: keep going until the socket
-  // is drained or answers are backed up behind a full send buffer (then EPOLLOUT resumes us) or behind
-  // device copies (then their continuations resume us).
+  // is drained or answers are backed up behind a full send buffer (then EPOLLOUT resumes us), behind device
+  // copies (their continuations resume us) or behind the pool (a released chunk resumes us).
   do {
     if (!ReadRequests() || !Flush()) return;
-  } while (paused_ && (out_.empty() || !Backlogged()));
+  } while (paused_ && !waiting_chunk_ && (out_.empty() || !Backlogged()));
 }
 
 void ServerConnection::OnEvents(uint32_t events) {
@@ -81,89 +86,207 @@ void ServerConnection::OnEvents(uint32_t events) {
   if (fd_ >= 0 && (events & (EPOLLERR | EPOLLHUP)) && !(events & EPOLLIN)) Close("");
 }
 
-std::function<void(const Status&)> ServerConnection::StagedDone(uint64_t id, StagingRef keep, RegionPin pin) {
+std::function<void(const Status&)> ServerConnection::StagedDone(uint64_t id, size_t bytes, StagingRef keep,
+                                                                RegionPin pin) {
   std::weak_ptr<Anchor> anchor = anchor_;
   IoLoop* loop = loop_;
-  // `keep` and `pin` hold the staging buffer and the device memory until the copy has finished.
-  return [anchor, loop, id, keep = std::move(keep), pin = std::move(pin)](const Status& st) {
-    loop->Post([anchor, id, st] {
-      if (auto a = anchor.lock()) a->conn->OnStaged(id, st);
+  // `keep` and `pin` hold the staging chunk and the device memory until the copy has finished.
+  return [anchor, loop, id, bytes, keep = std::move(keep), pin = std::move(pin)](const Status& st) {
+    loop->Post([anchor, id, bytes, st] {
+      if (auto a = anchor.lock()) a->conn->OnStaged(id, bytes, st);
     });
   };
 }
 
-void ServerConnection::OnStaged(uint64_t id, const Status& st) {
-  if (fd_ < 0) return;
+StatusOr<StagingRef> ServerConnection::TakeChunk(const MemoryKind& kind) {
+  std::weak_ptr<Anchor> anchor = anchor_;
+  IoLoop* loop = loop_;
+  auto got = stager_->TryAcquireOrNotify(kind, StagingRole::kTarget, [anchor, loop] {
+    loop->Post([anchor] {
+      if (auto a = anchor.lock()) {
+        a->conn->waiting_chunk_ = false;
+        if (a->conn->fd_ >= 0) a->conn->Pump();
+      }
+    });
+  });
+  if (got.ok() && !*got) waiting_chunk_ = true;
+  return got;
+}
+
+ServerConnection::Out* ServerConnection::FindStaged(uint64_t id) {
   for (Out& o : out_) {
-    if (o.stage_id != id) continue;
-    o.ready = true;
-    o.stage_id = 0;
-    if (o.payload_len == 0) {  // a WRITE's acknowledgement: its staging is done with
-      staged_bytes_ -= o.staged_len;
-      o.staged_len = 0;
+    if (o.stage_id == id) return &o;
+  }
+  return nullptr;
+}
+
+void ServerConnection::SetStatus(Out& o, FrameStatus status) {
+  ResponseHeader h;
+  h.status = status;
+  h.seq = o.seq;
+  h.length = 0;
+  EncodeResponse(h, o.header);
+  o.header_len = kResponseHeaderSize;
+  o.payload = nullptr;
+  o.payload_len = 0;
+  o.pin.reset();
+  o.staging.reset();
+}
+
+void ServerConnection::MaybeReady(Out& o) {
+  if (!o.recv_done || o.pending_copies > 0) return;
+  o.ready = true;
+  o.stage_id = 0;
+  if (o.final_status != FrameStatus::kOk) SetStatus(o, o.final_status);
+}
+
+void ServerConnection::OnStaged(uint64_t id, size_t bytes, const Status& st) {
+  if (fd_ < 0) return;
+  Out* o = FindStaged(id);
+  if (o != nullptr && o->write_ack) {
+    staged_bytes_ -= bytes;
+    --o->pending_copies;
+    if (!st.ok() && o->final_status == FrameStatus::kOk) {
+      MC_LOG(kWarning) << "WRITE from " << peer_ << " into device memory: " << st.message();
+      o->final_status = FrameStatus::kDeviceCopyFailed;
     }
-    if (!st.ok()) {
-      MC_LOG(kWarning) << "data connection from " << peer_ << ": " << st.message() << "; the request is refused";
-      ResponseHeader h;
-      h.status = FrameStatus::kAddressRejected;
-      h.seq = o.seq;
-      h.length = 0;
-      EncodeResponse(h, o.header);
-      staged_bytes_ -= o.staged_len;
-      o.staged_len = 0;
-      o.payload = nullptr;
-      o.payload_len = 0;
-      o.pin.reset();
-      o.staging.reset();
+    MaybeReady(*o);
+  } else if (o != nullptr && st.ok()) {
+    o->ready = true;
+    o->stage_id = 0;
+  } else if (o != nullptr) {
+    // A chunk of a staged READ could not be read from the device: answer the READ with the failure if nothing of
+    // it went out yet (its later chunks are dropped), else the stream cannot be repaired.
+    MC_LOG(kWarning) << "READ from " << peer_ << " of device memory: " << st.message();
+    const uint64_t op = o->op_id;
+    Out* first = nullptr;
+    for (Out& x : out_) {
+      if (x.op_id == op && x.header_len > 0) first = &x;
     }
-    break;
+    if (first == nullptr || first->sent > 0) {
+      Close("a device copy for a READ failed after its answer began: " + st.message());
+      return;
+    }
+    staged_bytes_ -= first->staged_len;
+    first->staged_len = 0;
+    first->ready = true;
+    first->stage_id = 0;
+    first->op_id = 0;
+    SetStatus(*first, FrameStatus::kDeviceCopyFailed);
+    for (auto it = out_.begin(); it != out_.end();) {
+      if (it->op_id == op) {
+        staged_bytes_ -= it->staged_len;
+        it = out_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (read_op_id_ == op && read_left_ > 0) {  // still queuing its chunks: stop
+      read_left_ = 0;
+      read_pin_.reset();
+    }
   }
   Pump();
 }
 
-void ServerConnection::FinishStagedWrite() {
-  StagingRef staging = std::move(write_staging_);
-  RegionPin pin = std::move(write_pin_);
-  if (pin && memory_->generation() != write_generation_ &&
-      memory_->Find(write_addr_, write_len_, /*remote=*/true) != pin) {
-    MC_LOG(kWarning) << "WRITE from " << peer_ << ": its destination was unregistered; not copied";
-    pin.reset();
-  }
-  if (!pin) {
-    staged_bytes_ -= write_len_;
-    QueueResponse(FrameStatus::kAddressRejected, write_seq_, nullptr, 0, nullptr);
-    return;
-  }
-  const uint64_t id = next_stage_id_++;
-  QueueResponse(FrameStatus::kOk, write_seq_, nullptr, 0, nullptr);
-  out_.back().ready = false;
-  out_.back().stage_id = id;
-  out_.back().staged_len = write_len_;
-  MemoryKind kind = pin->kind;
-  char* data = staging->data;
-  stager_->Copy(kind, reinterpret_cast<void*>(write_addr_), data, write_len_,
-                StagedDone(id, std::move(staging), std::move(pin)));
+void ServerConnection::CopyWriteChunk() {
+  StagingRef chunk = std::move(write_chunk_);
+  const size_t fill = write_chunk_fill_;
+  write_chunk_fill_ = 0;
+  Out* ack = FindStaged(write_stage_id_);
+  if (ack == nullptr) return;  // cannot happen: the acknowledgement waits for this WRITE
+  ++ack->pending_copies;
+  char* data = chunk->data;
+  const size_t held = chunk->capacity;
+  stager_->Copy(write_kind_, reinterpret_cast<void*>(write_chunk_dev_), data, fill,
+                StagedDone(write_stage_id_, held, std::move(chunk), write_pin_));
 }
 
-void ServerConnection::StartStagedRead(uint64_t seq, uint64_t addr, size_t len, RegionPin pin) {
-  auto staging = stager_->Acquire(pin->kind, len);
-  if (!staging.ok()) {
-    MC_LOG(kWarning) << "READ from " << peer_ << " of device memory: " << staging.status().message();
-    QueueResponse(FrameStatus::kAddressRejected, seq, nullptr, 0, nullptr);
-    return;
+void ServerConnection::DiscardStagedWrite(FrameStatus why) {
+  write_pin_.reset();
+  if (write_chunk_) {
+    staged_bytes_ -= write_chunk_->capacity;
+    write_chunk_.reset();
+    write_chunk_fill_ = 0;
   }
+  if (Out* ack = FindStaged(write_stage_id_); ack != nullptr && ack->final_status == FrameStatus::kOk) {
+    ack->final_status = why;
+  }
+}
+
+void ServerConnection::FinishStagedWrite() {
+  Out* ack = FindStaged(write_stage_id_);
+  write_staged_ = false;
+  write_pin_.reset();
+  if (ack == nullptr) return;
+  ack->recv_done = true;
+  MaybeReady(*ack);
+}
+
+bool ServerConnection::StageReadChunk() {
+  if (memory_->generation() != read_piece_generation_) {
+    read_piece_generation_ = memory_->generation();
+    if (memory_->Find(read_next_addr_, read_left_, /*remote=*/true) != read_pin_) {
+      read_left_ = 0;
+      read_pin_.reset();
+      if (!read_first_) {
+        Close("the source of a READ was unregistered before it was sent");
+        return false;
+      }
+      QueueResponse(FrameStatus::kAddressRejected, read_seq_, nullptr, 0, nullptr);
+      return true;
+    }
+  }
+  auto got = TakeChunk(read_pin_->kind);
+  if (!got.ok()) {
+    MC_LOG(kWarning) << "READ from " << peer_ << " of device memory: " << got.status().message();
+    read_left_ = 0;
+    read_pin_.reset();
+    if (!read_first_) {
+      Close("no staging for the rest of a READ: " + got.status().message());
+      return false;
+    }
+    QueueResponse(FrameStatus::kDeviceCopyFailed, read_seq_, nullptr, 0, nullptr);
+    return true;
+  }
+  if (!*got) {  // no free chunk: reading waits for one
+    paused_ = true;
+    return false;
+  }
+  StagingRef chunk = std::move(got.value());
+  const size_t len = std::min(read_left_, chunk->capacity);
   const uint64_t id = next_stage_id_++;
-  MemoryKind kind = pin->kind;
-  QueueResponse(FrameStatus::kOk, seq, (*staging)->data, len, pin);
-  Out& o = out_.back();
-  o.addr = addr;
+  Out o;
+  if (read_first_) {
+    ResponseHeader h;
+    h.status = FrameStatus::kOk;
+    h.seq = read_seq_;
+    h.length = read_total_;
+    EncodeResponse(h, o.header);
+  } else {
+    o.header_len = 0;
+  }
+  o.seq = read_seq_;
+  o.payload = chunk->data;
+  o.payload_len = len;
+  o.addr = read_next_addr_;
+  o.pin = read_pin_;
   o.ready = false;
   o.stage_id = id;
-  o.staged_len = len;
-  o.staging = *staging;
-  staged_bytes_ += len;
-  stager_->Copy(kind, (*staging)->data, reinterpret_cast<const void*>(addr), len,
-                StagedDone(id, *staging, std::move(pin)));
+  o.op_id = read_op_id_;
+  o.staged_len = chunk->capacity;
+  o.staging = chunk;
+  staged_bytes_ += chunk->capacity;
+  out_.push_back(std::move(o));
+  const uint64_t from = read_next_addr_;
+  read_next_addr_ += len;
+  read_left_ -= len;
+  read_first_ = false;
+  RegionPin pin = read_pin_;
+  if (read_left_ == 0) read_pin_.reset();
+  char* data = chunk->data;
+  stager_->Copy(pin->kind, data, reinterpret_cast<const void*>(from), len, StagedDone(id, 0, std::move(chunk), pin));
+  return fd_ >= 0;
 }
 
 void ServerConnection::QueueResponse(FrameStatus status, uint64_t seq, const char* payload, size_t len,
@@ -208,28 +331,60 @@ bool ServerConnection::ReadRequests() {
       paused_ = true;
       break;
     }
+    if (read_left_ > 0) {  // the chunks of a staged READ are queued before the next request is read
+      if (!StageReadChunk()) {
+        if (fd_ < 0) return false;
+        paused_ = true;
+        break;
+      }
+      continue;
+    }
     if (write_left_ > 0) {
-      if (write_dst_ && memory_->generation() != write_generation_) {
+      bool accepting = write_staged_ ? write_pin_ != nullptr : write_dst_ != nullptr;
+      if (accepting && memory_->generation() != write_generation_) {
         write_generation_ = memory_->generation();
         if (memory_->Find(write_target_, write_left_, /*remote=*/true) != write_pin_) {
           MC_LOG(kWarning) << "WRITE from " << peer_ << ": its destination was unregistered; discarding the rest";
-          write_dst_ = nullptr;  // the rest is discarded and the WRITE rejected
-          write_pin_.reset();
-          if (write_staging_) {
-            write_staging_.reset();
-            staged_bytes_ -= write_len_;
+          if (write_staged_) {
+            DiscardStagedWrite(FrameStatus::kAddressRejected);
+          } else {
+            write_dst_ = nullptr;  // the rest is discarded and the WRITE rejected
+            write_pin_.reset();
           }
+          accepting = false;
+        }
+      }
+      char* dst = accepting && !write_staged_ ? write_dst_ : nullptr;
+      size_t want = write_left_;
+      if (accepting && write_staged_) {
+        if (!write_chunk_) {
+          auto chunk = TakeChunk(write_kind_);
+          if (!chunk.ok()) {
+            MC_LOG(kWarning) << "WRITE from " << peer_ << " into device memory: " << chunk.status().message();
+            DiscardStagedWrite(FrameStatus::kDeviceCopyFailed);
+            accepting = false;
+          } else if (!*chunk) {  // no free chunk: reading waits for one (backpressure)
+            paused_ = true;
+            break;
+          } else {
+            write_chunk_ = std::move(chunk.value());
+            write_chunk_fill_ = 0;
+            write_chunk_dev_ = write_target_;
+            staged_bytes_ += write_chunk_->capacity;
+          }
+        }
+        if (accepting) {
+          dst = write_chunk_->data + write_chunk_fill_;
+          want = std::min(write_left_, write_chunk_->capacity - write_chunk_fill_);
         }
       }
       size_t buffered = rend_ - rstart_;
       size_t got = 0;
       if (buffered > 0) {
-        got = std::min(buffered, write_left_);
-        if (write_dst_) memcpy(write_dst_, rbuf_ + rstart_, got);
+        got = std::min(buffered, want);
+        if (dst) memcpy(dst, rbuf_ + rstart_, got);
         rstart_ += got;
       } else {
-        char* dst = write_dst_;
-        size_t want = write_left_;
         if (!dst) {
           if (!discard_) discard_.reset(new char[kDiscardChunk]);
           dst = discard_.get();
@@ -239,16 +394,18 @@ bool ServerConnection::ReadRequests() {
         if (n <= 0) return n == 0;
         got = static_cast<size_t>(n);
       }
-      if (write_dst_) {
-        write_dst_ += got;
-        write_target_ += got;
-      }
+      if (accepting && !write_staged_) write_dst_ += got;
+      if (accepting && write_staged_) write_chunk_fill_ += got;
+      write_target_ += got;
       write_left_ -= got;
+      if (accepting && write_staged_ && (write_chunk_fill_ == write_chunk_->capacity || write_left_ == 0)) {
+        CopyWriteChunk();  // the chunk is full (or the payload ends): to the device, while the next one fills
+      }
       if (write_left_ == 0) {
         frame_start_ = std::chrono::steady_clock::now();  // the next frame (maybe buffered already) starts
         write_dst_ = nullptr;
-        if (write_staging_) {
-          FinishStagedWrite();  // acknowledged once the device copy finished
+        if (write_staged_) {
+          FinishStagedWrite();  // acknowledged once every chunk's device copy finished
           continue;
         }
         // The payload is in place: only now acknowledge it.
@@ -294,26 +451,34 @@ bool ServerConnection::ReadRequests() {
       write_left_ = h.length;
       write_addr_ = write_target_ = h.addr;
       write_len_ = h.length;
-      if (staged) {
-        auto staging = stager_->Acquire(pin->kind, h.length);
-        if (staging.ok()) {
-          write_staging_ = std::move(staging.value());
-          staged_bytes_ += h.length;
-        } else {
-          MC_LOG(kWarning) << "WRITE from " << peer_ << " into device memory: " << staging.status().message();
-          pin.reset();
-        }
-      }
+      write_staged_ = staged;
       write_pin_ = pin;
-      write_dst_ = !pin ? nullptr : staged ? write_staging_->data : reinterpret_cast<char*>(h.addr);
+      write_dst_ = pin && !staged ? reinterpret_cast<char*>(h.addr) : nullptr;
       if (!pin) MC_LOG(kDebug) << "rejected WRITE from " << peer_ << " outside registered memory";
+      if (staged) {
+        // Answered in request order: the acknowledgement is queued now and sent once the payload is on the device.
+        write_kind_ = pin->kind;
+        write_stage_id_ = next_stage_id_++;
+        QueueResponse(FrameStatus::kOk, h.seq, nullptr, 0, nullptr);
+        Out& ack = out_.back();
+        ack.ready = false;
+        ack.stage_id = write_stage_id_;
+        ack.write_ack = true;
+        ack.recv_done = false;
+      }
       if (h.length == 0) {
         QueueResponse(pin ? FrameStatus::kOk : FrameStatus::kAddressRejected, h.seq, nullptr, 0, nullptr);
         write_pin_.reset();
       }
     } else if (staged) {
       if (out_.empty()) read_generation_ = generation;
-      StartStagedRead(h.seq, h.addr, h.length, std::move(pin));
+      read_seq_ = h.seq;
+      read_total_ = read_left_ = h.length;
+      read_next_addr_ = h.addr;
+      read_op_id_ = next_stage_id_++;
+      read_first_ = true;
+      read_piece_generation_ = generation;
+      read_pin_ = std::move(pin);
     } else if (pin) {
       if (out_.empty()) read_generation_ = generation;
       QueueResponse(FrameStatus::kOk, h.seq, reinterpret_cast<const char*>(h.addr), h.length, std::move(pin));
@@ -342,11 +507,11 @@ bool ServerConnection::Flush() {
     for (size_t i = 0; i < out_.size() && n + 2 <= kMaxIov && out_[i].ready; ++i) {
       Out& o = out_[i];
       size_t off = o.sent;
-      if (off < kResponseHeaderSize) {
-        iov[n++] = {o.header + off, kResponseHeaderSize - off};
-        off = kResponseHeaderSize;
+      if (off < o.header_len) {
+        iov[n++] = {o.header + off, o.header_len - off};
+        off = o.header_len;
       }
-      size_t poff = off - kResponseHeaderSize;
+      size_t poff = off - o.header_len;
       if (poff < o.payload_len) iov[n++] = {const_cast<char*>(o.payload) + poff, o.payload_len - poff};
     }
     if (n == 0) break;  // the answer in front waits for its device copy
@@ -364,11 +529,11 @@ bool ServerConnection::Flush() {
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !out_.empty()) {
       Out& o = out_.front();
-      size_t need = kResponseHeaderSize + o.payload_len - o.sent;
+      size_t need = o.header_len + o.payload_len - o.sent;
       size_t take = std::min(need, left);
       o.sent += take;
       left -= take;
-      if (o.sent == kResponseHeaderSize + o.payload_len) {
+      if (o.sent == o.header_len + o.payload_len) {
         staged_bytes_ -= o.staged_len;
         out_.pop_front();
       }

@@ -16,8 +16,9 @@ TcpConfig TcpConfig::From(const TransportOptions& o) {
   c.probe_interval = o.Millis("probe_interval_ms", "MC_TCP_PROBE_INTERVAL_MS", c.probe_interval, 10, 3600000);
   c.lane_window = static_cast<size_t>(o.Int("lane_window", "MC_TCP_LANE_WINDOW", c.lane_window, 4096, 1LL << 34));
   c.recv_spin = std::chrono::microseconds(o.Int("recv_spin_us", "MC_TCP_RECV_SPIN_US", c.recv_spin.count(), 0, 10000));
-  c.staging_cache_bytes = static_cast<size_t>(
-      o.Int("staging_cache_bytes", "MC_TCP_STAGING_CACHE_BYTES", c.staging_cache_bytes, 0, 1LL << 40));
+  c.staging_pool_bytes = static_cast<size_t>(o.Int("staging_pool_bytes", "MC_TCP_STAGING_POOL_BYTES",
+                                                   c.staging_pool_bytes, kMinStagingPoolBytes, 1LL << 40));
+  c.staging_streams = static_cast<int>(o.Int("staging_streams", "MC_TCP_STAGING_STREAMS", c.staging_streams, 1, 64));
   return c;
 }
 

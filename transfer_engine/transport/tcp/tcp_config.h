@@ -23,9 +23,13 @@ struct TcpConfig {
   /// recv_spin_us / MC_TCP_RECV_SPIN_US: a caller receiving a large READ payload keeps its core this long
   /// between bursts before sleeping in poll (0: always sleep)
   std::chrono::microseconds recv_spin{50};
-  /// staging_cache_bytes / MC_TCP_STAGING_CACHE_BYTES: pinned host staging buffers (for device memory) kept for
-  /// reuse; buffers beyond it are freed when their slice is done
-  size_t staging_cache_bytes = 64 << 20;
+  /// staging_pool_bytes / MC_TCP_STAGING_POOL_BYTES: the pinned host memory (per device platform) that device
+  /// memory is staged through: allocated once when the first device region is registered, half for this engine's
+  /// own transfers and half for its peers', in chunks of slice_size; transfers beyond it wait for their turn
+  static constexpr size_t kMinStagingPoolBytes = 128 << 10;
+  size_t staging_pool_bytes = 128 << 20;
+  /// staging_streams / MC_TCP_STAGING_STREAMS: copy streams per device for staging copies (1 .. 64)
+  int staging_streams = 4;
   /// The engine's handshake connect timeout (MC_HANDSHAKE_CONNECT_TIMEOUT), set at Start.
   std::chrono::milliseconds connect_timeout{5000};
 

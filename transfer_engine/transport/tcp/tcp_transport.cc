@@ -15,6 +15,11 @@
 
 namespace mooncake::te::tcp {
 
+namespace {
+// The peer whose Submit is granting staging buffers on this thread: it dispatches once at the end.
+thread_local const void* t_submitting_peer = nullptr;
+}  // namespace
+
 /// Accepts data connections on the listening socket (registered with loop 0) and hands each to a loop.
 class TcpTransport::Acceptor : public EventHandler {
  public:
@@ -67,7 +72,7 @@ Status TcpTransport::Start(const TransportContext& ctx) {
   ctx_ = ctx;
   config_ = ctx.config;
   stager_ = std::make_unique<DeviceStager>(ctx.platforms ? ctx.platforms : &PlatformRegistry::Get(),
-                                           tcp_.staging_cache_bytes);
+                                           tcp_.staging_pool_bytes, tcp_.slice_size, tcp_.staging_streams);
   tcp_.connect_timeout = config_->handshake_connect_timeout;
   // Which local NICs carry data, and which addresses peers may use to reach us.
   data_ips_ = {ctx.advertised_ip};
@@ -585,16 +590,16 @@ void TcpTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice
     Dispatch(peer);
     return;
   }
-  std::vector<Slice*> ready;
+  t_submitting_peer = peer;  // staged slices granted at once join the queue; one Dispatch below moves them
   for (Slice* s : slices) {
-    if (Staged(s)) Stage(peer, s, &ready);
-    else ready.push_back(s);
+    if (Staged(s)) {
+      Stage(peer, s);
+    } else {
+      std::lock_guard lock(peer->mu);
+      peer->queue.push_back(s);
+    }
   }
-  if (ready.empty()) return;
-  {
-    std::lock_guard lock(peer->mu);
-    peer->queue.insert(peer->queue.end(), ready.begin(), ready.end());
-  }
+  t_submitting_peer = nullptr;
   Dispatch(peer);
 }
 
@@ -607,39 +612,54 @@ StatusOr<RegionRegistration> TcpTransport::RegisterRegion(const MemoryRegion& re
   } else if (!stager_ || !stager_->CanStage(region.kind)) {
     r.declined = true;
     r.why_declined = "no usable platform for " + region.kind.ToString() + " memory to stage it through";
+  } else if (Status pool = stager_->Prepare(region.kind); !pool.ok()) {  // the pinned pool, on this thread
+    r.declined = true;
+    r.why_declined = pool.message();
   }
   return r;
 }
 
-void TcpTransport::Stage(Peer* peer, Slice* s, std::vector<Slice*>* ready) {
+void TcpTransport::UnregisterRegion(const MemoryRegion& region) {
+  // Only regions RegisterRegion did not decline get here, i.e. the device regions whose Prepare succeeded.
+  if (stager_ && region.kind.is_device()) stager_->Unprepare(region.kind);
+}
+
+void TcpTransport::Stage(Peer* peer, Slice* s) {
   const MemoryKind kind = s->task->route.local_kind;
-  auto staging = stager_->Acquire(kind, s->length);
-  if (!staging.ok()) {
-    s->Complete(staging.status());
-    return;
-  }
-  StagingRef buf = *staging;
-  {
-    std::lock_guard lock(staged_mu_);
-    staged_[s] = buf;
-  }
-  if (s->opcode == OpCode::kRead) {
-    ready->push_back(s);
-    return;
-  }
-  // The source is copied into staging first; the slice joins the peer's queue when the copy is done, so the
-  // copies of later slices overlap the sending of earlier ones.
-  stager_->Copy(kind, buf->data, s->local, s->length, [this, peer, s, buf](const Status& st) {
-    if (!st.ok()) {
-      Finish(s, st);
+  // From the initiator's half of the pool: at once when there is room, else in turn once earlier slices are done
+  // (on a stager thread), so a transfer far larger than the pool flows through it in slice-sized pieces.
+  stager_->Acquire(kind, StagingRole::kInitiator, s->length, [this, peer, s, kind](StatusOr<StagingRef> got) {
+    if (!got.ok()) {
+      s->Complete(got.status());
       return;
     }
+    StagingRef buf = std::move(got.value());
     {
-      std::lock_guard lock(peer->mu);
-      peer->queue.push_back(s);
+      std::lock_guard lock(staged_mu_);
+      staged_[s] = buf;
     }
-    Dispatch(peer);
+    if (s->opcode == OpCode::kRead) {
+      Queue(peer, s);
+      return;
+    }
+    // The source is copied into staging first; the slice joins the peer's queue when the copy is done, so the
+    // copies of later slices overlap the sending of earlier ones.
+    stager_->Copy(kind, buf->data, s->local, s->length, [this, peer, s, buf](const Status& st) {
+      if (!st.ok()) {
+        Finish(s, st);
+        return;
+      }
+      Queue(peer, s);
+    });
   });
+}
+
+void TcpTransport::Queue(Peer* peer, Slice* s) {
+  {
+    std::lock_guard lock(peer->mu);
+    peer->queue.push_back(s);
+  }
+  if (t_submitting_peer != peer) Dispatch(peer);
 }
 
 StagingRef TcpTransport::Unstage(Slice* s) {

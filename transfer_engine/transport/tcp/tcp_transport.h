@@ -44,10 +44,12 @@ namespace mooncake::te::tcp {
 ///   victim left) a new connection is closed at once ("refused"). ListenerStats() counts all three and the
 ///   most connections ever open ("peak").
 /// - Device memory (any device kind a usable platform serves; declined at registration otherwise) goes through
-///   pinned host staging buffers (device_stager.h), one per slice, so the copies of one slice overlap the network
-///   transfer of others: a local WRITE source is copied to staging before its slice is queued, a local READ
-///   destination is filled from staging after its payload arrived, and the target stages its own device memory
-///   (server_connection.h). Copies are waited for on the stager's thread, never on an I/O thread.
+///   a bounded pool of pinned host memory (device_stager.h, MC_TCP_STAGING_POOL_BYTES, allocated at the first
+///   device registration, never on an I/O thread), one buffer per slice, so the copies of one slice overlap the
+///   network transfer of others; slices wait for a buffer when the pool is used up. A local WRITE source is
+///   copied to staging before its slice is queued, a local READ destination is filled from staging after its
+///   payload arrived, and the target stages its own device memory in chunks (server_connection.h). Copies are
+///   waited for on the stager's threads, never on an I/O thread.
 class TcpTransport : public Transport, private LaneOwner {
  public:
   TcpTransport();
@@ -62,6 +64,8 @@ class TcpTransport : public Transport, private LaneOwner {
   void Describe(nlohmann::json& descriptor) const override;
   bool CanReach(const SegmentDescriptor& peer) const override;
   StatusOr<RegionRegistration> RegisterRegion(const MemoryRegion& region) override;
+  /// A device region that was staged: drops its hold on the platform's staging pool (freed after the last one).
+  void UnregisterRegion(const MemoryRegion& region) override;
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
@@ -117,9 +121,11 @@ class TcpTransport : public Transport, private LaneOwner {
 
   /// Whether the slice's local memory is device memory (moved through a staging buffer).
   static bool Staged(const Slice* s) { return s->task != nullptr && s->task->route.local_kind.is_device(); }
-  /// Gives a staged slice its staging buffer; a WRITE is queued once its source was copied into it, a READ at
-  /// once (appended to `ready`). A slice that cannot be staged is completed with the error.
-  void Stage(Peer* peer, Slice* s, std::vector<Slice*>* ready);
+  /// Gives a staged slice its staging buffer from the pool (now or when one is free); a WRITE is queued once its
+  /// source was copied into it, a READ at once. A slice that cannot be staged is completed with the error.
+  void Stage(Peer* peer, Slice* s);
+  /// Appends a slice to the peer's queue and dispatches (unless the peer's Submit on this thread will).
+  void Queue(Peer* peer, Slice* s);
   /// Drops a staged slice's staging buffer (no-op for host slices); the buffer, or null.
   StagingRef Unstage(Slice* s);
   /// Complete / Fail for slices this transport gives up on, releasing their staging first.

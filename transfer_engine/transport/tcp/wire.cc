@@ -75,7 +75,8 @@ ParseResult DecodeResponse(const uint8_t* data, size_t len, uint64_t max_payload
   }
   if (len > 4 && data[4] != kWireVersion) return ParseResult::kBadVersion;
   if (len > 5 && data[5] != static_cast<uint8_t>(FrameStatus::kOk) &&
-      data[5] != static_cast<uint8_t>(FrameStatus::kAddressRejected)) {
+      data[5] != static_cast<uint8_t>(FrameStatus::kAddressRejected) &&
+      data[5] != static_cast<uint8_t>(FrameStatus::kDeviceCopyFailed)) {
     return ParseResult::kBadStatus;
   }
   if (len < kResponseHeaderSize) return ParseResult::kNeedMore;

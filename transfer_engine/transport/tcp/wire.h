@@ -19,7 +19,10 @@ inline constexpr size_t kRequestHeaderSize = 32;
 inline constexpr size_t kResponseHeaderSize = 24;
 
 enum class FrameOp : uint8_t { kWrite = 1, kRead = 2 };
-enum class FrameStatus : uint8_t { kOk = 0, kAddressRejected = 1 };
+/// A response's status. kAddressRejected: the range is not inside memory the target registered for remote access;
+/// kDeviceCopyFailed: the range is registered device memory, but the target could not move it through its staging
+/// (the device copy failed, or it has no staging pool); the initiator reports it as ErrorCode::kMemory.
+enum class FrameStatus : uint8_t { kOk = 0, kAddressRejected = 1, kDeviceCopyFailed = 2 };
 
 struct RequestHeader {
   FrameOp op = FrameOp::kWrite;

@@ -1,10 +1,13 @@
 // A FAKE CUDA driver for the cuda platform's tests on machines without a GPU: a shared library that exports
 // cuGetProcAddress_v2 (or, built with -DFAKE_CUDA_V1_ONLY, only cuGetProcAddress), like libcuda's entry, plus
-// test hooks (fake_cuda_stream_ops, fake_cuda_primary_retains, below), and implements the entry points the
+// test hooks (fake_cuda_stream_ops, fake_cuda_stream_flags, fake_cuda_live_streams, fake_cuda_last_event_flags,
+// fake_cuda_primary_retains, below), and implements the entry points the
 // platform resolves on host memory. It is not CUDA; it checks the platform's discipline as the real driver would:
 // cuInit first, a current context (per thread) for allocations, streams and events, copies and events only on
 // streams cuStreamCreate made (or the default streams CU_STREAM_LEGACY / CU_STREAM_PER_THREAD), with the
-// stream's own context current. cuPointerGetAttribute(s) answer MEMORY_TYPE and DEVICE_ORDINAL with no context
+// stream's own context current; cuStreamCreate takes only CU_STREAM_DEFAULT / CU_STREAM_NON_BLOCKING,
+// cuStreamDestroy only a live stream it made (not a default stream, not twice), cuEventCreate only
+// CU_EVENT_DISABLE_TIMING, optionally with CU_EVENT_BLOCKING_SYNC. cuPointerGetAttribute(s) answer MEMORY_TYPE and DEVICE_ORDINAL with no context
 // current, as the real driver does under unified addressing.
 //
 // "Device" memory is a memfd mapping (so legacy IPC handles can name it across processes), VMM handles are
@@ -26,6 +29,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 namespace {
@@ -391,23 +395,26 @@ constexpr uintptr_t kStreamMagic = 0x5157;
 // A stream: what cuStreamCreate returns, and the two default streams (of whichever context is current).
 struct Stream {
   uintptr_t magic = kStreamMagic;
-  int device;       // of the context it was created in; -1: a default stream
-  int copies = 0;   // cuMemcpyAsync calls enqueued on it
-  int events = 0;   // cuEventRecord calls on it
+  int device;          // of the context it was created in; -1: a default stream
+  unsigned flags = 0;  // as cuStreamCreate got them
+  int copies = 0;      // cuMemcpyAsync calls enqueued on it
+  int events = 0;      // cuEventRecord calls on it
 };
 
 Stream legacy_stream{kStreamMagic, -1};
 Stream per_thread_stream{kStreamMagic, -1};
+std::set<Stream*> live_streams;  // cuStreamCreate's, not yet destroyed (mu)
+unsigned last_event_flags = 0;   // of the last cuEventCreate that succeeded (mu)
 
-// The stream behind handle `s`; null when it is not one (including the null handle).
+// The stream behind handle `s`; null when it is not one (including the null handle and destroyed streams). mu held.
 Stream* FindStream(CUstream s) {
   if (s == CU_STREAM_LEGACY) return &legacy_stream;
   if (s == CU_STREAM_PER_THREAD) return &per_thread_stream;
-  if (s == nullptr || reinterpret_cast<Stream*>(s)->magic != kStreamMagic) return nullptr;
-  return reinterpret_cast<Stream*>(s);
+  auto it = live_streams.find(reinterpret_cast<Stream*>(s));
+  return it == live_streams.end() ? nullptr : *it;
 }
 
-// Work may be enqueued on `s` from this thread: a stream, in the current context.
+// Work may be enqueued on `s` from this thread: a stream, in the current context. mu held.
 CUresult Usable(CUstream s, Stream** out) {
   Stream* st = FindStream(s);
   if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -416,14 +423,29 @@ CUresult Usable(CUstream s, Stream** out) {
   return CUDA_SUCCESS;
 }
 
-CUresult FakeStreamCreate(CUstream* s, unsigned int) {
+CUresult FakeStreamCreate(CUstream* s, unsigned int flags) {
   if (CUresult r = Ready(true)) return r;
-  *s = reinterpret_cast<CUstream>(new Stream{kStreamMagic, current});
+  if (s == nullptr || (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* st = new Stream{kStreamMagic, current, flags};
+  live_streams.insert(st);
+  *s = reinterpret_cast<CUstream>(st);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamDestroy(CUstream s) {
+  if (CUresult r = Ready(false)) return r;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = live_streams.find(reinterpret_cast<Stream*>(s));
+  if (it == live_streams.end()) return CUDA_ERROR_INVALID_HANDLE;  // null, a default stream, unknown or destroyed
+  delete *it;
+  live_streams.erase(it);
   return CUDA_SUCCESS;
 }
 
 CUresult FakeStreamSynchronize(CUstream s) {
   if (CUresult r = Ready(true)) return r;
+  std::lock_guard<std::mutex> lock(mu);
   Stream* st = nullptr;
   return Usable(s, &st);
 }
@@ -440,7 +462,11 @@ CUresult FakeMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 
 CUresult FakeEventCreate(CUevent* e, unsigned int flags) {
   if (CUresult r = Ready(true)) return r;
-  if (flags != CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & CU_EVENT_DISABLE_TIMING) == 0 || (flags & ~(CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  last_event_flags = flags;
   *e = reinterpret_cast<CUevent>(new Event{event_pending});
   return CUDA_SUCCESS;
 }
@@ -519,6 +545,7 @@ const Entry kEntries[] = {
     FAKE_ENTRY(cuIpcCloseMemHandle, 4010, FakeIpcClose),
     FAKE_ENTRY(cuMemcpyAsync, 4000, FakeMemcpyAsync),
     FAKE_ENTRY(cuStreamCreate, 2000, FakeStreamCreate),
+    FAKE_ENTRY(cuStreamDestroy, 4000, FakeStreamDestroy),
     FAKE_ENTRY(cuStreamSynchronize, 2000, FakeStreamSynchronize),
     FAKE_ENTRY(cuEventCreate, 2000, FakeEventCreate),
     FAKE_ENTRY(cuEventRecord, 2000, FakeEventRecord),
@@ -553,6 +580,28 @@ extern "C" __attribute__((visibility("default"))) CUresult fake_cuda_stream_ops(
   *copies = st->copies;
   *events = st->events;
   return CUDA_SUCCESS;
+}
+
+// Test hook (not a CUDA entry point): the flags stream `s` was created with. CUDA_ERROR_INVALID_HANDLE when `s` is
+// not a live stream cuStreamCreate made.
+extern "C" __attribute__((visibility("default"))) CUresult fake_cuda_stream_flags(CUstream s, unsigned* flags) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = live_streams.find(reinterpret_cast<Stream*>(s));
+  if (it == live_streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  *flags = (*it)->flags;
+  return CUDA_SUCCESS;
+}
+
+// Test hook (not a CUDA entry point): streams cuStreamCreate made that are not destroyed yet.
+extern "C" __attribute__((visibility("default"))) int fake_cuda_live_streams() {
+  std::lock_guard<std::mutex> lock(mu);
+  return static_cast<int>(live_streams.size());
+}
+
+// Test hook (not a CUDA entry point): the flags of the last event cuEventCreate made (0 before any).
+extern "C" __attribute__((visibility("default"))) unsigned fake_cuda_last_event_flags() {
+  std::lock_guard<std::mutex> lock(mu);
+  return last_event_flags;
 }
 
 // Test hook (not a CUDA entry point): how many times device `device`'s primary context was retained so far.
