@@ -5,6 +5,13 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
 
 #include <chrono>
 #include <fstream>
@@ -46,6 +53,35 @@ EngineOptions Options() {
   return o;
 }
 
+// Host memory bound to NUMA node 0 (mbind), so that where it lives does not depend on the CPU the test runs on
+// (a multi-socket machine); node() reads back where its first page is.
+class HostBuffer {
+ public:
+  explicit HostBuffer(size_t len) : len_(len) {
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+    unsigned long node0 = 1;
+    constexpr int kMpolBind = 2;
+    if (data_ && syscall(SYS_mbind, data_, len, kMpolBind, &node0, sizeof(node0) * 8, 0) != 0) bind_error_ = errno;
+  }
+  ~HostBuffer() {
+    if (data_) munmap(data_, len_);
+  }
+  uint8_t* data() { return data_; }
+  /// The NUMA node of the first page (touch it first), or -1.
+  int node() const {
+    int n = -1;
+    constexpr unsigned long kNodeOfAddr = 1 | 2;  // MPOL_F_NODE | MPOL_F_ADDR
+    return syscall(SYS_get_mempolicy, &n, nullptr, 0, data_, kNodeOfAddr) == 0 ? n : -1;
+  }
+  std::string bind_result() const { return bind_error_ ? strerror(bind_error_) : "bound to node 0"; }
+
+ private:
+  size_t len_;
+  uint8_t* data_ = nullptr;
+  int bind_error_ = 0;
+};
+
 class RdmaAffinityTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -61,9 +97,10 @@ class RdmaAffinityTest : public ::testing::Test {
     auto e = TransferEngine::Create(Options());
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     a_ = std::move(e.value());
-    src_.resize(kSize);
-    FillPattern(src_.data(), kSize, 3, 0);
-    ASSERT_TRUE(a_->RegisterMemory(src_.data(), kSize).ok());  // host memory on NUMA node 0 (this machine's only)
+    src_ = std::make_unique<HostBuffer>(kSize);
+    ASSERT_NE(src_->data(), nullptr);
+    FillPattern(src_->data(), kSize, 3, 0);
+    ASSERT_TRUE(a_->RegisterMemory(src_->data(), kSize).ok());
     conformance::TargetOptions to;
     to.engine = Options();
     to.buffer_size = kSize;
@@ -99,20 +136,26 @@ class RdmaAffinityTest : public ::testing::Test {
 
   std::unique_ptr<TransferEngine> a_;
   std::unique_ptr<conformance::Target> target_;
-  std::vector<uint8_t> src_;
+  std::unique_ptr<HostBuffer> src_;
   SegmentHandle h_{};
 };
 
 TEST_F(RdmaAffinityTest, HostMemoryUsesTheNicsOfItsNumaNode) {
   Make();
-  ASSERT_TRUE(Write(src_.data(), kSize).ok());
-  EXPECT_EQ(BytesVia("fake_mlx5_1"), kSize) << a_->StatsJson();
-  EXPECT_EQ(BytesVia("fake_mlx5_0"), 0u) << "a NIC of another NUMA node carried traffic: " << a_->StatsJson();
+  // fake_mlx5_0 is on node 1, fake_mlx5_1 on node 0.
+  const int node = src_->node();
+  ASSERT_TRUE(node == 0 || node == 1) << "the buffer is on NUMA node " << node << " (mbind: " << src_->bind_result()
+                                      << "); the fake NICs are on nodes 0 and 1";
+  const std::string near = node == 0 ? "fake_mlx5_1" : "fake_mlx5_0";
+  const std::string far = node == 0 ? "fake_mlx5_0" : "fake_mlx5_1";
+  ASSERT_TRUE(Write(src_->data(), kSize).ok());
+  EXPECT_EQ(BytesVia(near), kSize) << a_->StatsJson();
+  EXPECT_EQ(BytesVia(far), 0u) << "a NIC of another NUMA node carried traffic: " << a_->StatsJson();
   // The near NIC fails: the far one takes over (the preference never strands a transfer).
-  ASSERT_TRUE(fake::SetFault(kState, "hostA", "fake_mlx5_1", "wc_error"));
-  Status st = Write(src_.data(), 1 << 20);
+  ASSERT_TRUE(fake::SetFault(kState, "hostA", near, "wc_error"));
+  Status st = Write(src_->data(), 1 << 20);
   EXPECT_TRUE(st.ok()) << st.ToString();
-  EXPECT_GE(BytesVia("fake_mlx5_0"), uint64_t{1} << 20);
+  EXPECT_GE(BytesVia(far), uint64_t{1} << 20);
 }
 
 TEST_F(RdmaAffinityTest, TheTopologyMatrixChoosesPerLocation) {
@@ -122,7 +165,7 @@ TEST_F(RdmaAffinityTest, TheTopologyMatrixChoosesPerLocation) {
                       << R"( "cuda:0": [["fake_mlx5_1"], ["fake_mlx5_0"]]})";
   setenv("MC_CUSTOM_TOPO_JSON", path.c_str(), 1);
   Make();
-  ASSERT_TRUE(Write(src_.data(), kSize).ok());
+  ASSERT_TRUE(Write(src_->data(), kSize).ok());
   EXPECT_EQ(BytesVia("fake_mlx5_0"), kSize) << "cpu:0 memory ignored the matrix: " << a_->StatsJson();
   EXPECT_EQ(BytesVia("fake_mlx5_1"), 0u) << a_->StatsJson();
   // Device memory: the matrix's entry for its device.
@@ -130,7 +173,7 @@ TEST_F(RdmaAffinityTest, TheTopologyMatrixChoosesPerLocation) {
   ASSERT_NE(platform, nullptr);
   auto dev = platform->Allocate(kSize, AllocationKind::kDevice, 0);
   ASSERT_TRUE(dev.ok());
-  auto copy = platform->CopyAsync(*dev, src_.data(), kSize, 0);
+  auto copy = platform->CopyAsync(*dev, src_->data(), kSize, 0);
   ASSERT_TRUE(copy.ok() && (*copy)->Wait().ok());
   ASSERT_TRUE(a_->RegisterMemory(*dev, kSize, "cuda:0").ok());
   ASSERT_TRUE(Write(static_cast<const uint8_t*>(*dev), kSize).ok());

@@ -30,6 +30,8 @@ RdmaConfig RdmaConfig::From(const TransportOptions& o) {
   c.rail_pause = std::chrono::seconds(o.Int("rail_pause_s", "MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3600));
   c.qp_timeout = static_cast<int>(o.Int("qp_timeout", "MC_IB_TIMEOUT", c.qp_timeout, 1, 31));
   c.qp_retry_cnt = static_cast<int>(o.Int("qp_retry", "MC_IB_RETRY_CNT", c.qp_retry_cnt, 0, 7));
+  c.responder_capacity =
+      static_cast<size_t>(o.Int("responder_capacity", "MC_RDMA_RESPONDER_CAPACITY", 4096, 1, 1 << 20));
   return c;
 }
 

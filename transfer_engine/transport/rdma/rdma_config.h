@@ -30,6 +30,7 @@ struct RdmaConfig {
   std::chrono::milliseconds rail_pause{std::chrono::seconds(30)};  ///< MC_RDMA_RAIL_PAUSE_SECONDS (seconds)
   int qp_timeout = 14;          ///< qp_timeout / MC_IB_TIMEOUT: local ACK timeout exponent (4.096 us * 2^n)
   int qp_retry_cnt = 7;         ///< qp_retry / MC_IB_RETRY_CNT: transport retries before RETRY_EXC_ERR
+  size_t responder_capacity = 4096;  ///< responder_capacity: responder QPs kept for peers (rdma_responder.h)
 
   static RdmaConfig From(const TransportOptions& options);
 };

@@ -99,13 +99,15 @@ Status ConnectQp(const VerbsApi* api, ibv_qp* qp, const NicInfo& local, const Qp
 }
 
 Endpoint::Endpoint(std::shared_ptr<RdmaNic> nic, size_t nic_index, std::shared_ptr<CqBudget> budget, size_t cq,
-                   const RdmaConfig& cfg, std::string label)
+                   const RdmaConfig& cfg, std::string label, std::string peer_segment, std::string peer_nic)
     : nic_(std::move(nic)),
       nic_index_(nic_index),
       budget_(std::move(budget)),
       cq_(cq),
       cfg_(cfg),
-      label_(std::move(label)) {}
+      label_(std::move(label)),
+      peer_segment_(std::move(peer_segment)),
+      peer_nic_(std::move(peer_nic)) {}
 
 Endpoint::~Endpoint() {
   uint32_t qpn = 0;
@@ -116,6 +118,18 @@ bool Endpoint::Usable() const {
   std::lock_guard lock(mu_);
   if (closed_ || state_ == State::kFailed) return false;
   return state_ == State::kConnected || Clock::now() >= retry_after_;
+}
+
+std::optional<Clock::time_point> Endpoint::PausedUntil() const {
+  std::lock_guard lock(mu_);
+  const auto now = Clock::now();
+  if (closed_ || state_ == State::kConnected) return std::nullopt;
+  if (state_ == State::kIdle) {
+    if (now >= retry_after_) return std::nullopt;
+    return retry_after_;
+  }
+  // Failed: its WRs come back flushed within moments, then it is idle until retry_after_.
+  return std::max(retry_after_, now + std::chrono::milliseconds(20));
 }
 
 Status Endpoint::EnsureConnected(const Handshake& handshake, const std::function<void(uint32_t)>& on_qp) {
@@ -161,27 +175,30 @@ Status Endpoint::EnsureConnected(const Handshake& handshake, const std::function
     return Status(ErrorCode::kContext, label_ + ": closed");
   }
   qp_ = qp;
+  psn_ = ours.psn;
   state_ = State::kConnected;
   MC_LOG(kDebug) << "rdma: " << label_ << " connected (qpn " << ours.qpn << " -> " << peer->qpn << ")";
   return Status::Ok();
 }
 
 bool Endpoint::Enqueue(std::vector<std::unique_ptr<WorkItem>>& items,
-                       std::vector<std::unique_ptr<WorkItem>>* flushed) {
+                       std::vector<std::unique_ptr<WorkItem>>* flushed, uint32_t* destroyed_qpn) {
+  *destroyed_qpn = 0;
   std::lock_guard lock(mu_);
   if (closed_ || state_ != State::kConnected) return false;
   for (auto& i : items) waiting_.push_back(std::move(i));
   items.clear();
-  PostLocked(flushed);
+  *destroyed_qpn = PostLocked(flushed);
   return true;
 }
 
-void Endpoint::Kick(std::vector<std::unique_ptr<WorkItem>>* flushed) {
+void Endpoint::Kick(std::vector<std::unique_ptr<WorkItem>>* flushed, uint32_t* destroyed_qpn) {
+  *destroyed_qpn = 0;
   std::lock_guard lock(mu_);
-  if (!closed_ && state_ == State::kConnected) PostLocked(flushed);
+  if (!closed_ && state_ == State::kConnected) *destroyed_qpn = PostLocked(flushed);
 }
 
-void Endpoint::PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed) {
+uint32_t Endpoint::PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed) {
   const VerbsApi* api = nic_->api();
   const size_t max_wr = static_cast<size_t>(std::max(1, cfg_.max_wr));
   while (!waiting_.empty() && inflight_.size() < max_wr) {
@@ -192,7 +209,7 @@ void Endpoint::PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed) {
       // fetch_add and the store, no completion is left to see the flag: look again (seq_cst on both sides, so
       // either this sees the room or the poller, whose decrement comes before its exchange, sees the flag).
       if (budget_->inflight.load() < budget_->capacity) continue;
-      return;
+      return 0;
     }
     std::unique_ptr<WorkItem>& item = waiting_.front();
     ibv_sge sge{item->local, item->length, item->lkey};
@@ -208,9 +225,8 @@ void Endpoint::PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed) {
     int rc = api->post_send(qp_, &wr, &bad);
     if (rc != 0) {
       budget_->inflight.fetch_sub(1);
-      if (rc == ENOMEM && !inflight_.empty()) return;  // the send queue is full: completions make room
-      FailLocked(std::string("ibv_post_send: ") + strerror(rc), flushed);
-      return;
+      if (rc == ENOMEM && !inflight_.empty()) return 0;  // the send queue is full: completions make room
+      return FailLocked(std::string("ibv_post_send: ") + strerror(rc), flushed);
     }
     if (inflight_.empty()) {
       busy_since_ = Clock::now();
@@ -219,10 +235,12 @@ void Endpoint::PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed) {
     inflight_[wr.wr_id] = std::move(item);
     waiting_.pop_front();
   }
+  return 0;
 }
 
-void Endpoint::FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out, bool path_fault) {
-  if (state_ != State::kConnected) return;
+uint32_t Endpoint::FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out,
+                              bool path_fault) {
+  if (state_ != State::kConnected) return 0;
   state_ = State::kFailed;
   why_ = why;
   total_failures_++;
@@ -233,8 +251,9 @@ void Endpoint::FailLocked(const std::string& why, std::vector<std::unique_ptr<Wo
   retry_after_ = Clock::now() + std::min(delay, std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.rail_pause));
   for (auto& w : waiting_) out->push_back(std::move(w));
   waiting_.clear();
+  uint32_t destroyed = 0;
   if (inflight_.empty()) {
-    DestroyQpLocked();  // nothing to drain
+    destroyed = DestroyQpLocked();  // nothing to drain
     state_ = State::kIdle;
   } else if (qp_) {
     ibv_qp_attr a{};
@@ -242,6 +261,7 @@ void Endpoint::FailLocked(const std::string& why, std::vector<std::unique_ptr<Wo
     nic_->api()->modify_qp(qp_, &a, IBV_QP_STATE);
   }
   MC_LOG(kWarning) << "rdma: " << label_ << " failed (" << why << "); not used for " << delay.count() << " ms";
+  return destroyed;
 }
 
 uint32_t Endpoint::DestroyQpLocked() {
@@ -249,6 +269,8 @@ uint32_t Endpoint::DestroyQpLocked() {
   uint32_t qpn = qp_->qp_num;
   nic_->api()->destroy_qp(qp_);
   qp_ = nullptr;
+  if (!closed_qps_.empty() && closed_qps_.size() >= 64) closed_qps_.erase(closed_qps_.begin());  // nobody took them
+  closed_qps_.push_back({qpn, psn_});
   return qpn;
 }
 
@@ -268,14 +290,18 @@ Endpoint::Completed Endpoint::OnCompletion(const ibv_wc& wc) {
     }
     if (state_ == State::kConnected) consecutive_failures_ = 0;
   } else if (state_ == State::kConnected) {
-    // This WR failed the endpoint: it alone is charged; what waits is held until the reset.
-    FailLocked(std::string(nic_->api()->wc_status_str(wc.status)) + " (" + std::to_string(wc.status) + ")",
-               &held_, /*path_fault=*/wc.status != IBV_WC_REM_ACCESS_ERR);
+    // This WR failed the endpoint: it alone is charged; what waits is held until the reset. When it was the
+    // last in flight, the QP is destroyed here and now.
+    out.destroyed_qpn =
+        FailLocked(std::string(nic_->api()->wc_status_str(wc.status)) + " (" + std::to_string(wc.status) + ")",
+                   &held_, /*path_fault=*/wc.status != IBV_WC_REM_ACCESS_ERR);
     out.failed_now = true;
   } else if (out.item) {
     held_.push_back(std::move(out.item));  // flushed behind the WR that failed the endpoint
   }
-  if (state_ == State::kConnected) PostLocked(&held_);
+  if (state_ == State::kConnected) {
+    if (uint32_t q = PostLocked(&held_)) out.destroyed_qpn = q;
+  }
   if (inflight_.empty() && busy_bytes_ > 0) {  // a busy period ended: fold its throughput into the average
     double seconds = std::chrono::duration<double>(Clock::now() - busy_since_).count();
     if (seconds > 0) {
@@ -285,7 +311,7 @@ Endpoint::Completed Endpoint::OnCompletion(const ibv_wc& wc) {
     busy_bytes_ = 0;
   }
   if (state_ == State::kFailed && inflight_.empty()) {
-    out.destroyed_qpn = DestroyQpLocked();
+    if (uint32_t q = DestroyQpLocked()) out.destroyed_qpn = q;
     state_ = State::kIdle;  // reconnects once the backoff passed
   }
   if (retired_ && !closed_ && inflight_.empty() && waiting_.empty()) {
@@ -307,10 +333,10 @@ uint32_t Endpoint::Retire() {
   return DestroyQpLocked();
 }
 
-std::vector<std::unique_ptr<WorkItem>> Endpoint::Fail(const std::string& why) {
+std::vector<std::unique_ptr<WorkItem>> Endpoint::Fail(const std::string& why, uint32_t* destroyed_qpn) {
   std::vector<std::unique_ptr<WorkItem>> out;
   std::lock_guard lock(mu_);
-  FailLocked(why, &out);
+  *destroyed_qpn = FailLocked(why, &out);
   return out;
 }
 
@@ -328,6 +354,13 @@ std::vector<std::unique_ptr<WorkItem>> Endpoint::Close(uint32_t* qpn) {
   waiting_.clear();
   for (auto& h : held_) out.push_back(std::move(h));
   held_.clear();
+  return out;
+}
+
+std::vector<Endpoint::ClosedQp> Endpoint::TakeClosedQps() {
+  std::lock_guard lock(mu_);
+  std::vector<ClosedQp> out;
+  out.swap(closed_qps_);
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -27,6 +28,7 @@ struct WorkItem {
   uint32_t rkey = 0;
   bool read = false;
   size_t pair = 0;            ///< the (local NIC, peer NIC) pair index it was posted on
+  bool waited = false;        ///< it once waited for a paused endpoint (it waits at most once)
   std::shared_ptr<void> job;  ///< the slice piece's owner (the transport's SliceJob)
 };
 
@@ -76,21 +78,30 @@ class Endpoint {
   /// Performs the handshake: sends our address, returns the peer's. Called without the endpoint's lock.
   using Handshake = std::function<StatusOr<QpAddress>(const QpAddress& ours)>;
 
+  /// `peer_segment`, `peer_nic`: where the QP leads (for "rdma.close"; opaque here).
   Endpoint(std::shared_ptr<RdmaNic> nic, size_t nic_index, std::shared_ptr<CqBudget> budget, size_t cq,
-           const RdmaConfig& cfg, std::string label);
+           const RdmaConfig& cfg, std::string label, std::string peer_segment = "", std::string peer_nic = "");
   ~Endpoint();
 
   const std::string& label() const { return label_; }
+  const std::string& peer_segment() const { return peer_segment_; }
+  const std::string& peer_nic() const { return peer_nic_; }
+  size_t nic_index() const { return nic_index_; }
   /// False while failed, or idle within the backoff.
   bool Usable() const;
+  /// When a paused endpoint may be used again: the end of its backoff (idle), or, while it drains after a failure
+  /// (failed), that end but at least a short drain time from now. nullopt when usable now, or closed.
+  std::optional<std::chrono::steady_clock::time_point> PausedUntil() const;
   /// Connects when idle (a blocking handshake); ok when connected. On failure the endpoint backs off. The QP
   /// number, once connected, is reported through `on_qp` (the transport's completion routing).
   Status EnsureConnected(const Handshake& handshake, const std::function<void(uint32_t qpn)>& on_qp);
   /// Takes the items and posts what fits; false (items untouched) when not connected. When posting fails the
-  /// endpoint fails and its waiting items are handed back in `flushed`.
-  bool Enqueue(std::vector<std::unique_ptr<WorkItem>>& items, std::vector<std::unique_ptr<WorkItem>>* flushed);
-  /// Posts waiting items that now fit (the CQ budget moved); as Enqueue for `flushed`.
-  void Kick(std::vector<std::unique_ptr<WorkItem>>* flushed);
+  /// endpoint fails and its waiting items are handed back in `flushed`; when that destroyed the QP (nothing was
+  /// in flight), its number is stored in `*destroyed_qpn` (else 0): the caller stops routing it.
+  bool Enqueue(std::vector<std::unique_ptr<WorkItem>>& items, std::vector<std::unique_ptr<WorkItem>>* flushed,
+               uint32_t* destroyed_qpn);
+  /// Posts waiting items that now fit (the CQ budget moved); as Enqueue for `flushed` and `destroyed_qpn`.
+  void Kick(std::vector<std::unique_ptr<WorkItem>>* flushed, uint32_t* destroyed_qpn);
 
   struct Completed {
     /// The completed item: a success, or the error that failed the endpoint (the offending WR); null when the
@@ -101,17 +112,29 @@ class Endpoint {
     /// their retry budget.
     std::vector<std::unique_ptr<WorkItem>> resubmit;
     bool failed_now = false;     // this completion moved the endpoint to failed
-    uint32_t destroyed_qpn = 0;  // non-zero: the QP was destroyed (stop routing it)
+    /// Non-zero: this completion destroyed the QP (the failure's reset, the last WR of a retired endpoint, or a
+    /// failure with nothing else in flight): the caller stops routing it.
+    uint32_t destroyed_qpn = 0;
   };
   /// A completion of this endpoint's QP (polling thread).
   Completed OnCompletion(const ibv_wc& wc);
-  /// Moves a connected endpoint to failed (e.g. a post failed); its waiting items are returned.
-  std::vector<std::unique_ptr<WorkItem>> Fail(const std::string& why);
+  /// Moves a connected endpoint to failed (e.g. a post failed); its waiting items are returned. As Enqueue for
+  /// `destroyed_qpn`.
+  std::vector<std::unique_ptr<WorkItem>> Fail(const std::string& why, uint32_t* destroyed_qpn);
   /// No new work will come (the peer was forgotten): the QP is destroyed once nothing is in flight. Returns the
   /// QP number when that happened now (0 otherwise; OnCompletion reports it later).
   uint32_t Retire();
   /// Destroys the QP at once and returns every item (in flight or waiting). Later calls return nothing.
   std::vector<std::unique_ptr<WorkItem>> Close(uint32_t* qpn);
+
+  /// A QP this endpoint destroyed, with the PSN it connected with (a reconnect whose HCA reused the QPN has
+  /// another): what "rdma.close" names.
+  struct ClosedQp {
+    uint32_t qpn = 0;
+    uint32_t psn = 0;
+  };
+  /// The QPs destroyed since the last call (at most the last 64).
+  std::vector<ClosedQp> TakeClosedQps();
 
   /// "idle", "connected", "failed: <why>", "paused <ms> ms: <why>".
   std::string StateText() const;
@@ -135,11 +158,13 @@ class Endpoint {
 
  private:
   enum class State { kIdle, kConnected, kFailed };
-  void PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed);
+  /// Returns the QPN when a post failure destroyed the QP (else 0).
+  uint32_t PostLocked(std::vector<std::unique_ptr<WorkItem>>* flushed);
   /// The QP failed: its waiting work goes to `out`, work in flight comes back flushed. `path_fault`: the path
   /// itself is suspect (backoff before reconnecting); false for a peer's refusal of a range (a remote access
-  /// error after it unregistered memory: routine, so the endpoint reconnects at once).
-  void FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out, bool path_fault = true);
+  /// error after it unregistered memory: routine, so the endpoint reconnects at once). Returns the QPN when the
+  /// QP was destroyed now (nothing in flight), else 0.
+  uint32_t FailLocked(const std::string& why, std::vector<std::unique_ptr<WorkItem>>* out, bool path_fault = true);
   uint32_t DestroyQpLocked();
 
   std::shared_ptr<RdmaNic> nic_;
@@ -148,11 +173,14 @@ class Endpoint {
   const size_t cq_;
   const RdmaConfig cfg_;
   const std::string label_;
+  const std::string peer_segment_, peer_nic_;
 
   mutable std::mutex mu_;
   std::mutex connect_mu_;  // one handshake at a time
   State state_ = State::kIdle;
   ibv_qp* qp_ = nullptr;
+  uint32_t psn_ = 0;  // the PSN qp_ connected with
+  std::vector<ClosedQp> closed_qps_;
   bool closed_ = false;
   bool retired_ = false;
   std::chrono::steady_clock::time_point retry_after_{};

@@ -265,11 +265,122 @@ TEST_F(RdmaFaultTest, ARemoteAccessErrorFailsOnlyTheOffendingWorkRequest) {
     Status st = a_->GetTaskError(*batch, i);
     EXPECT_TRUE(st.ok()) << "task " << i << " was flushed and not moved again: " << st.ToString();
   }
+  // The engine would hide a flushed WR that was charged (it fails with kRefreshPeer and the engine moves it again
+  // on a fresh descriptor): the counters show it. Only the offending slice failed, and nothing was retried.
+  const nlohmann::json stats = Stats();
+  EXPECT_EQ(stats["errors"], 1u) << "a flushed work request was charged: " << stats.dump();
+  EXPECT_EQ(stats["retries"], 0u) << stats.dump();
   ASSERT_TRUE(a_->FreeBatch(*batch).ok());
   // What landed in the extra buffer, read back.
   std::vector<TransferRequest> back = {{OpCode::kRead, src_.data() + (8 << 20), *h, *extra, 15 * 65536}};
   ASSERT_TRUE(a_->TransferSync(back, std::chrono::seconds(20)).ok());
   EXPECT_EQ(Digest(src_.data() + (8 << 20), 15 * 65536), Digest(src_.data() + 65536, 15 * 65536));
+}
+
+EngineOptions OneNic(EngineOptions o = Options()) {
+  o.device_filter = "fake_mlx5_0";
+  return o;
+}
+
+// Paths of the segment in state "connected".
+size_t Connected(const nlohmann::json& stats) {
+  size_t n = 0;
+  for (const auto& [label, p] : stats["paths"].items()) n += p["state"] == "connected";
+  return n;
+}
+
+// The failing WR was the only one in flight, so the endpoint destroyed its QP with the failure itself: it stops
+// being routed then (its route, and the endpoint the route holds, are not left behind).
+TEST_F(RdmaFaultTest, AFailureWithNothingElseInFlightLeavesNoRouteBehind) {
+  EngineOptions o = OneNic();
+  o.transport_options["rdma.retry_cnt"] = "0";
+  Make(o, o);
+  ASSERT_TRUE(WriteAndCheck(0, 65536).ok());
+  ASSERT_EQ(Stats()["qps"], 1u) << Stats().dump();
+  ASSERT_TRUE(fake::SetFault(kState, "hostA", "fake_mlx5_0", "wc_error"));
+  for (int i = 0; i < 3; ++i) {  // one WR at a time: each fails alone
+    EXPECT_FALSE(a_->TransferSync({{OpCode::kWrite, src_.data(), h_, base_, 65536}}, std::chrono::seconds(10)).ok());
+  }
+  SetUp();  // healed: after the backoff the transfer goes through on a new QP
+  Status st;
+  auto until = Clock::now() + std::chrono::seconds(15);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    st = WriteAndCheck(0, 65536);
+  } while (!st.ok() && Clock::now() < until);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const nlohmann::json stats = Stats();
+  EXPECT_EQ(Connected(stats), 1u) << stats.dump();
+  EXPECT_EQ(stats["qps"], 1u) << "routes of destroyed QPs were left behind: " << stats.dump();
+}
+
+// With one NIC pair, a QP error flushes the WRs in flight behind the one it fails: they (and the failed one's
+// retry) wait for the endpoint's backoff and move on its new QP, rather than finding no usable pair and failing
+// to the engine (kRefreshPeer: it would refresh the peer and tear down its endpoints).
+TEST_F(RdmaFaultTest, WithOneNicPairTheWorkBehindAFailureWaitsForTheReconnect) {
+  Make(OneNic(), OneNic());
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());
+  ASSERT_TRUE(fake::SetFault(kState, "hostA", "fake_mlx5_0", "qp_error=1"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the fake applies it within 20 ms (unloaded)
+  Status st = WriteAndCheck(0, 4 << 20);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  const nlohmann::json stats = Stats();
+  EXPECT_GE(PathFailures("fake_mlx5_0"), 1u) << stats.dump();
+  EXPECT_EQ(stats["errors"], 0u) << "slices failed to the engine instead of waiting: " << stats.dump();
+  EXPECT_GE(stats["retries"].get<uint64_t>(), 1u) << stats.dump();
+  EXPECT_EQ(Connected(stats), 1u) << stats.dump();
+}
+
+// The target keeps one responder QP. A second requester's connection evicts the first's confirmed one (the table
+// never stays full of entries whose requesters may be gone); the first gets an error completion and reconnects.
+TEST_F(RdmaFaultTest, AFullResponderTableEvictsAConfirmedEntryAndItsRequesterReconnects) {
+  EngineOptions t = OneNic();
+  t.transport_options["rdma.responder_capacity"] = "1";
+  Make(OneNic(), t);
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());
+  auto c = TransferEngine::Create(OneNic());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> other(1 << 20);
+  FillPattern(other.data(), other.size(), 41, 0);
+  ASSERT_TRUE((*c)->RegisterMemory(other.data(), other.size()).ok());
+  auto hc = (*c)->OpenSegment(target_->segment_name());
+  ASSERT_TRUE(hc.ok()) << hc.status().ToString();
+  Status st = (*c)->TransferSync({{OpCode::kWrite, other.data(), *hc, base_ + (8 << 20), other.size()}},
+                                 std::chrono::seconds(20));
+  ASSERT_TRUE(st.ok()) << "a full table of confirmed entries refused a newcomer: " << st.ToString();
+  auto digest = target_->DigestOf(8 << 20, other.size());
+  ASSERT_TRUE(digest.ok());
+  EXPECT_EQ(*digest, Digest(other.data(), other.size()));
+  // Our QP's responder end is gone: our next transfer meets an error completion, reconnects, and completes.
+  st = WriteAndCheck(0, 1 << 20);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(PathFailures("fake_mlx5_0"), 1u) << "our connection was not the one evicted: " << Stats().dump();
+  EXPECT_EQ(Stats()["errors"], 0u) << Stats().dump();
+}
+
+// The responder QPs the target keeps for its peers.
+uint64_t ResponderQps(conformance::Target& t) {
+  auto s = t.Stats();
+  if (!s.ok()) return ~0ULL;
+  nlohmann::json j = nlohmann::json::parse(*s, nullptr, false);
+  const nlohmann::json& n = j["listeners"]["rdma"]["responder_qps"];
+  return n.is_number_unsigned() ? n.get<uint64_t>() : ~0ULL;
+}
+
+// A requester that forgets the peer (its QPs retired) tells the peer's responder ("rdma.close"): the responder
+// QPs go at once instead of waiting in the table for an eviction.
+TEST_F(RdmaFaultTest, RetiredQpsAreClosedAtTheResponder) {
+  Make(OneNic(), OneNic());
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());
+  ASSERT_EQ(ResponderQps(*target_), 1u);
+  a_->InvalidateSegment(target_->segment_name());  // ForgetPeer: the idle endpoint closes its QP now
+  auto until = Clock::now() + std::chrono::seconds(5);
+  while (ResponderQps(*target_) != 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(ResponderQps(*target_), 0u) << "the responder kept the QP of a closed connection";
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());  // a fresh connection
+  EXPECT_EQ(ResponderQps(*target_), 1u);
 }
 
 // QPs of this process in the fake's state directory (each QP has a record there until it is destroyed).

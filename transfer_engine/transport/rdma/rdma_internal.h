@@ -5,12 +5,16 @@
 // state, the per-peer state and the per-slice job, and the untrusted-field helpers. Not a public header.
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -117,6 +121,71 @@ inline std::optional<uint32_t> Key32(const nlohmann::json& v) {
   return static_cast<uint32_t>(k);
 }
 
+/// Jobs run at a given time on one thread of its own. Post after Stop refuses; Stop runs every job still
+/// waiting at once (on the caller's thread), then joins. Jobs must be quick (they hand work to a pool).
+class RdmaTransport::DelayQueue {
+ public:
+  using Clock = std::chrono::steady_clock;
+  DelayQueue() : thread_([this] { Run(); }) {}
+  ~DelayQueue() { Stop(); }
+  bool Post(Clock::time_point when, std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return false;
+      jobs_.emplace(when, std::move(fn));
+    }
+    cv_.notify_one();
+    return true;
+  }
+  void Stop() {
+    std::multimap<Clock::time_point, std::function<void()>> left;
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    {
+      std::lock_guard lock(mu_);
+      left.swap(jobs_);
+    }
+    for (auto& [when, fn] : left) fn();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      if (jobs_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto first = jobs_.begin();
+      if (Clock::now() < first->first) {
+        cv_.wait_until(lock, first->first);
+        continue;
+      }
+      auto fn = std::move(first->second);
+      jobs_.erase(first);
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::multimap<Clock::time_point, std::function<void()>> jobs_;
+  std::thread thread_;  // last: started after the members it uses
+};
+
+/// A peer's counters (Stats), kept by segment name across the Peer objects a refresh or restart replaces.
+struct RdmaTransport::PeerCounters {
+  std::atomic<uint64_t> bytes{0}, slices{0}, errors{0}, retries{0};
+};
+
 struct RdmaTransport::PeerNic {
   std::string name;
   ibv_gid gid{};
@@ -130,7 +199,7 @@ struct RdmaTransport::Peer {
   size_t local_count = 0;
   std::vector<std::shared_ptr<Endpoint>> eps;  // [local * nics.size() + peer]
   std::atomic<uint64_t> next{0};
-  std::atomic<uint64_t> bytes{0}, slices{0}, errors{0}, retries{0};
+  std::shared_ptr<PeerCounters> counters;  // shared with the Peers before and after this one (same segment)
   // The peer's strand on the worker pool (RunForPeer): its retries run in order, one at a time.
   std::mutex retry_mu;
   std::deque<std::function<void()>> retry_jobs;

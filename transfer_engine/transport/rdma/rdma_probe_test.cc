@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <string>
 
@@ -74,6 +75,22 @@ TEST(RdmaProbeTest, AnEngineAskedForRdmaFailsWithTheReason) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find(api ? "no RDMA device" : "libibverbs"), std::string::npos)
       << e.status().ToString();
+}
+
+// The memory_peers interface without a registered client pins nothing: only a client entry (or nvidia_peermem)
+// means ibv_reg_mr takes device pointers.
+TEST(RdmaProbeTest, PeerMemoryNeedsALoadedClientNotJustTheInterface) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  const std::string root = std::string(tmp ? tmp : "/tmp") + "/sysfs_peermem";
+  for (const std::string& d : {root, root + "/kernel", root + "/kernel/mm", root + "/module"}) mkdir(d.c_str(), 0755);
+  EXPECT_FALSE(PeerMemoryClientLoaded(root)) << "no interface, no module";
+  ASSERT_EQ(mkdir((root + "/kernel/mm/memory_peers").c_str(), 0755), 0);
+  EXPECT_FALSE(PeerMemoryClientLoaded(root)) << "the interface alone has no client";
+  ASSERT_EQ(mkdir((root + "/kernel/mm/memory_peers/nv_mem").c_str(), 0755), 0);
+  EXPECT_TRUE(PeerMemoryClientLoaded(root));
+  rmdir((root + "/kernel/mm/memory_peers/nv_mem").c_str());
+  ASSERT_EQ(mkdir((root + "/module/nvidia_peermem").c_str(), 0755), 0);
+  EXPECT_TRUE(PeerMemoryClientLoaded(root));
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ struct Responder::Entry {
   uint32_t peer_psn = 0;  // with the QPN: a reconnect whose HCA reused the QPN comes with a fresh PSN
   uint64_t seq = 0;  // creation order
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
-  bool ready = false;  // the requester confirmed ("rdma.ready"): in use, never evicted
+  bool ready = false;  // the requester confirmed ("rdma.ready"): evicted only as a last resort
+  uint64_t confirmed_seq = 0;  // order of the last confirmation (least recently confirmed goes first)
   std::string reply;
   ~Entry() {
     if (qp) nic->api()->destroy_qp(qp);
@@ -80,7 +81,7 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
     if (n->info().name == *peer_nic) nic = n;
   }
   if (!nic) return Status(ErrorCode::kDeviceNotFound, "no HCA named '" + *peer_nic + "' here");
-  const std::string key = *instance + "|" + *local_nic + "|" + *peer_nic;
+  const Key key{*instance, *local_nic, *peer_nic};
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second->peer_qpn == *qpn && it->second->peer_psn == *psn) {
@@ -90,12 +91,13 @@ StatusOr<std::string> Responder::Connect(const std::string& payload) {
     // A new instance under a known segment name: that peer restarted, and its old instance's QPs are dead.
     for (auto i = entries_.begin(); i != entries_.end();) {
       if (i->second->segment == *segment && i->second->instance != *instance) {
-        MC_LOG(kInfo) << "rdma: '" << *segment << "' restarted: dropping responder QP " << i->first;
+        MC_LOG(kInfo) << "rdma: '" << *segment << "' restarted: dropping responder QP of " << i->second->instance;
         i = entries_.erase(i);
       } else {
         ++i;
       }
     }
+    it = entries_.find(key);  // the loop may have erased it
   }
   if (it == entries_.end()) {
     Status room = MakeRoomLocked(*instance);
@@ -148,18 +150,27 @@ Status Responder::MakeRoomLocked(const std::string& instance) {
   }
   if (entries_.size() < capacity_) return Status::Ok();
   // Full: drop the oldest connection whose requester never confirmed it ("rdma.ready") within the handshake
-  // window; a confirmed one is in use and is never dropped (its peer would talk to a dead QP).
+  // window; else the least recently confirmed one. Nothing tells us that a requester died, so a full table of
+  // confirmed entries is mostly dead peers'; a live requester of the victim gets an error completion and
+  // reconnects. Handshakes still within their window are never dropped.
   const auto now = std::chrono::steady_clock::now();
-  auto victim = entries_.end();
+  auto unconfirmed = entries_.end(), confirmed = entries_.end();
   for (auto i = entries_.begin(); i != entries_.end(); ++i) {
-    if (i->second->ready || now - i->second->created < ready_window_) continue;
-    if (victim == entries_.end() || i->second->seq < victim->second->seq) victim = i;
+    const Entry& e = *i->second;
+    if (e.ready) {
+      if (confirmed == entries_.end() || e.confirmed_seq < confirmed->second->confirmed_seq) confirmed = i;
+    } else if (now - e.created >= ready_window_) {
+      if (unconfirmed == entries_.end() || e.seq < unconfirmed->second->seq) unconfirmed = i;
+    }
   }
+  auto victim = unconfirmed != entries_.end() ? unconfirmed : confirmed;
   if (victim == entries_.end()) {
-    return Status(ErrorCode::kTooManyRequests,
-                  "rdma: all " + std::to_string(capacity_) + " responder QPs are in use; try again later");
+    return Status(ErrorCode::kTooManyRequests, "rdma: all " + std::to_string(capacity_) +
+                                                   " responder QPs are handshakes in progress; try again later");
   }
-  MC_LOG(kWarning) << "rdma: " << capacity_ << " responder QPs: dropping the unconfirmed " << victim->first;
+  MC_LOG(kWarning) << "rdma: " << capacity_ << " responder QPs: dropping the "
+                   << (victim == unconfirmed ? "unconfirmed" : "least recently confirmed") << " QP of instance '"
+                   << victim->second->instance << "'";
   entries_.erase(victim);
   return Status::Ok();
 }
@@ -172,11 +183,28 @@ StatusOr<std::string> Responder::Ready(const std::string& payload) {
   auto qpn = BoundedUint(j, "qpn", 0xffffff);
   if (!instance || !local_nic || !peer_nic || !qpn) return Status(ErrorCode::kInvalidArgument, "malformed rdma.ready");
   std::lock_guard lock(mu_);
-  auto it = entries_.find(*instance + "|" + *local_nic + "|" + *peer_nic);
+  auto it = entries_.find(Key{*instance, *local_nic, *peer_nic});
   if (it == entries_.end() || it->second->peer_qpn != *qpn) {
     return Status(ErrorCode::kNotFound, "no rdma connection for that ready");
   }
   it->second->ready = true;
+  it->second->confirmed_seq = ++seq_;
+  return std::string("{}");
+}
+
+StatusOr<std::string> Responder::Close(const std::string& payload) {
+  nlohmann::json j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  auto instance = JsonString(j, "instance");
+  auto local_nic = JsonString(j, "local_nic");
+  auto peer_nic = JsonString(j, "peer_nic");
+  auto qpn = BoundedUint(j, "qpn", 0xffffff);
+  auto psn = BoundedUint(j, "psn", 0xffffff);
+  if (!instance || !local_nic || !peer_nic || !qpn || !psn) {
+    return Status(ErrorCode::kInvalidArgument, "malformed rdma.close");
+  }
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(Key{*instance, *local_nic, *peer_nic});
+  if (it != entries_.end() && it->second->peer_qpn == *qpn && it->second->peer_psn == *psn) entries_.erase(it);
   return std::string("{}");
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
@@ -125,7 +126,7 @@ bool RdmaTransport::SetKeys(const Peer& peer, WorkItem& item, size_t pair) const
 }
 
 void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std::unique_ptr<WorkItem>> items,
-                             bool retry) {
+                             bool retry, bool on_strand) {
   const size_t pairs = peer->pairs();
   const size_t npeer = peer->nics.size();
   std::vector<bool> excluded(pairs, false);
@@ -208,7 +209,10 @@ void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std:
             if (!r.ok()) MC_LOG(kDebug) << "rdma: rdma.ready to '" << peer->segment << "': " << r.status().message();
           });
       std::vector<std::unique_ptr<WorkItem>> flushed;
-      if (st.ok() && ep->Enqueue(group, &flushed)) {
+      uint32_t destroyed = 0;
+      const bool taken = st.ok() && ep->Enqueue(group, &flushed, &destroyed);
+      QpDestroyed(ep, destroyed);
+      if (taken) {
         if (!flushed.empty()) excluded[pair] = true;  // posting failed: the endpoint is down now
         for (auto& f : flushed) items.push_back(std::move(f));
         continue;
@@ -219,6 +223,37 @@ void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std:
       }
       excluded[pair] = true;
       for (auto& g : group) items.push_back(std::move(g));
+    }
+    if (!unplaced.empty() && on_strand && !handshake_failed && !stopping_.load()) {
+      // No usable pair, but some only paused (a failure's backoff, or draining): rather than failing (the
+      // engine would refresh the peer and tear down its healthy rails), these items wait on the peer's strand for
+      // the earliest of them, once each. Pairs excluded here (a refused connect, a failed post) do not count.
+      std::optional<std::chrono::steady_clock::time_point> until;
+      for (size_t p = 0; p < pairs; ++p) {
+        if (excluded[p]) continue;
+        auto t = peer->ep(p)->PausedUntil();
+        if (t && (!until || *t < *until)) until = t;
+      }
+      std::vector<std::unique_ptr<WorkItem>> waiting;
+      for (auto& u : unplaced) {
+        if (until && !u->waited) {
+          u->waited = true;
+          waiting.push_back(std::move(u));
+        }
+      }
+      unplaced.erase(std::remove(unplaced.begin(), unplaced.end(), nullptr), unplaced.end());
+      if (!waiting.empty()) {
+        auto shared = std::make_shared<std::vector<std::unique_ptr<WorkItem>>>(std::move(waiting));
+        auto wake = [this, peer, shared, retry] {
+          RunForPeer(peer, [this, peer, shared, retry] {
+            auto current = CurrentPeer(peer);
+            Dispatch(current ? current : peer, std::move(*shared), retry && current == peer, /*on_strand=*/true);
+          });
+        };
+        MC_LOG(kDebug) << "rdma: " << shared->size() << " work requests to '" << peer->segment
+                       << "' wait for a paused NIC pair";
+        if (!delayed_ || !delayed_->Post(*until, wake)) wake();  // stopping: Dispatch fails them at once
+      }
     }
     if (!unplaced.empty()) {
       for (auto& u : unplaced) {
@@ -250,7 +285,7 @@ void RdmaTransport::OnCompletion(size_t nic, const ibv_wc& wc) {
   }
   if (!ep) return;  // a QP already closed (Stop claimed its work)
   Endpoint::Completed c = ep->OnCompletion(wc);
-  if (c.destroyed_qpn) Unroute(nic, c.destroyed_qpn, ep.get());
+  QpDestroyed(ep, c.destroyed_qpn);
   if (c.item) {
     if (wc.status == IBV_WC_SUCCESS) {
       FinishPiece(std::static_pointer_cast<SliceJob>(c.item->job), Status::Ok(), SliceRetry::kFinal);
@@ -274,13 +309,16 @@ void RdmaTransport::OnCompletion(size_t nic, const ibv_wc& wc) {
   }
   for (auto& e : kick) {
     std::vector<std::unique_ptr<WorkItem>> flushed;
-    e->Kick(&flushed);
+    uint32_t destroyed = 0;
+    e->Kick(&flushed, &destroyed);
+    QpDestroyed(e, destroyed);
     Resubmit(std::move(flushed));  // never posted: not charged
   }
 }
 
 std::shared_ptr<RdmaTransport::Peer> RdmaTransport::CurrentPeer(const std::shared_ptr<Peer>& old) {
   std::lock_guard lock(mu_);
+  if (stopping_.load()) return nullptr;  // Stop emptied peers_ (under mu_): a Peer made now would never close
   auto it = peers_.find(old->key);
   if (it != peers_.end()) return it->second;
   // Forgotten meanwhile (a descriptor refresh): fresh endpoints to the same NICs.
@@ -300,8 +338,17 @@ void RdmaTransport::Resubmit(std::vector<std::unique_ptr<WorkItem>> items) {
   }
   for (auto& [raw, slot] : by_peer) {
     auto peer = CurrentPeer(slot.first);
+    if (!peer) {
+      for (auto& item : slot.second) {
+        FinishPiece(std::static_pointer_cast<SliceJob>(item->job),
+                    Status(ErrorCode::kContext, "the rdma transport stopped"), SliceRetry::kOtherPath);
+      }
+      continue;
+    }
     auto shared = std::make_shared<std::vector<std::unique_ptr<WorkItem>>>(std::move(slot.second));
-    RunForPeer(peer, [this, peer, shared] { Dispatch(peer, std::move(*shared), /*retry=*/false); });
+    RunForPeer(peer, [this, peer, shared] {
+      Dispatch(peer, std::move(*shared), /*retry=*/false, /*on_strand=*/true);
+    });
   }
 }
 
@@ -349,15 +396,19 @@ void RdmaTransport::ItemFailed(std::unique_ptr<WorkItem> item, const Status& sta
     FinishPiece(job, status, PathsExhausted(*job));
     return;
   }
-  job->peer->retries++;
+  job->peer->counters->retries++;
   std::shared_ptr<Peer> peer = CurrentPeer(job->peer);
+  if (!peer) {
+    FinishPiece(job, Status(ErrorCode::kContext, "the rdma transport stopped"), SliceRetry::kOtherPath);
+    return;
+  }
   // On the peer's strand of the worker pool: a retry may need a handshake, which must not run on a polling
   // thread, and a slow peer's handshakes hold up only its own retries.
   auto shared = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
   RunForPeer(peer, [this, peer, shared] {
     std::vector<std::unique_ptr<WorkItem>> one;
     one.push_back(std::move(*shared));
-    Dispatch(peer, std::move(one), /*retry=*/true);
+    Dispatch(peer, std::move(one), /*retry=*/true, /*on_strand=*/true);
   });
 }
 
@@ -379,11 +430,11 @@ void RdmaTransport::FinishPiece(const std::shared_ptr<SliceJob>& job, const Stat
     how = job->retry;
   }
   if (error.ok()) {
-    job->peer->bytes += s->length;
-    job->peer->slices++;
+    job->peer->counters->bytes += s->length;
+    job->peer->counters->slices++;
     s->Complete(Status::Ok());
   } else {
-    job->peer->errors++;
+    job->peer->counters->errors++;
     if (how == SliceRetry::kFinal) {
       s->Complete(error);
     } else {

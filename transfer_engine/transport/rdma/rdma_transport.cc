@@ -166,13 +166,15 @@ Status RdmaTransport::Start(const TransportContext& ctx) {
   }
   if (chunk_size_ != 0) chunk_size_ = std::max<uint64_t>(chunk_size_ & ~uint64_t{4095}, 4096);
   worker_ = std::make_unique<WorkQueue>(kRetryThreads);
+  delayed_ = std::make_unique<DelayQueue>();
+  closer_ = std::make_unique<WorkQueue>(1);
   for (size_t i = 0; i < nics_.size(); ++i) {
     std::vector<std::shared_ptr<CqBudget>> b;
     for (size_t c = 0; c < nics_[i]->num_cqs(); ++c) b.push_back(std::make_shared<CqBudget>(cfg_.max_cqe));
     budgets_.push_back(std::move(b));
     nics_[i]->Start([this, i](const ibv_wc& wc) { OnCompletion(i, wc); });
   }
-  responder_ = std::make_unique<Responder>(nics_, cfg_, ctx.instance);
+  responder_ = std::make_unique<Responder>(nics_, cfg_, ctx.instance, cfg_.responder_capacity);
   if (ctx.host) {
     MC_RETURN_IF_ERROR(ctx.host->RegisterMethod("rdma.connect", [this](const std::string& p) -> StatusOr<std::string> {
       if (stopping_.load()) return Status(ErrorCode::kContext, "the rdma transport is stopping");
@@ -182,14 +184,21 @@ Status RdmaTransport::Start(const TransportContext& ctx) {
       if (stopping_.load()) return Status(ErrorCode::kContext, "the rdma transport is stopping");
       return responder_->Ready(p);
     }));
+    MC_RETURN_IF_ERROR(ctx.host->RegisterMethod("rdma.close", [this](const std::string& p) -> StatusOr<std::string> {
+      if (stopping_.load()) return Status(ErrorCode::kContext, "the rdma transport is stopping");
+      return responder_->Close(p);
+    }));
   }
   return Status::Ok();
 }
 
 void RdmaTransport::Stop() {
   if (stopping_.exchange(true)) return;
-  // No new work; the worker finishes what it has (its dispatches see stopping_ and fail their items).
+  // Items waiting for a paused endpoint go to their strands now; the worker finishes what it has (its
+  // dispatches see stopping_ and fail their items).
+  if (delayed_) delayed_->Stop();
   if (worker_) worker_->Stop();
+  if (closer_) closer_->Stop();  // the closes still queued see stopping_ and return
   std::map<std::string, std::shared_ptr<Peer>> peers;
   {
     std::lock_guard lock(mu_);
@@ -268,11 +277,15 @@ std::shared_ptr<RdmaTransport::Peer> RdmaTransport::MakePeerLocked(const std::st
   p->segment = segment;
   p->nics = nics;
   p->local_count = nics_.size();
+  auto& counters = counters_[segment];
+  if (!counters) counters = std::make_shared<PeerCounters>();
+  p->counters = counters;
   for (size_t i = 0; i < nics_.size(); ++i) {
     for (size_t j = 0; j < p->nics.size(); ++j) {
       size_t cq = nics_[i]->NextCq();
       p->eps.push_back(std::make_shared<Endpoint>(nics_[i], i, budgets_[i][cq], cq, cfg_,
-                                                  nics_[i]->info().name + "->" + segment + "@" + p->nics[j].name));
+                                                  nics_[i]->info().name + "->" + segment + "@" + p->nics[j].name,
+                                                  segment, p->nics[j].name));
     }
   }
   return p;
@@ -324,7 +337,7 @@ std::shared_ptr<RdmaTransport::Peer> RdmaTransport::PeerFor(const SegmentDescrip
 
 void RdmaTransport::RetireEndpoints(const Peer& p) {
   for (size_t pair = 0; pair < p.eps.size(); ++pair) {
-    if (uint32_t qpn = p.eps[pair]->Retire()) Unroute(pair / p.nics.size(), qpn, p.eps[pair].get());
+    if (uint32_t qpn = p.eps[pair]->Retire()) QpDestroyed(p.eps[pair], qpn);
   }
 }
 
@@ -356,6 +369,27 @@ void RdmaTransport::Unroute(size_t nic, uint32_t qpn, const Endpoint* ep) {
   auto it = routes_.find((uint64_t{nic} << 32) | qpn);
   // Only the endpoint's own route: the HCA may have given the QPN to a new QP meanwhile.
   if (it != routes_.end() && it->second.get() == ep) routes_.erase(it);
+}
+
+void RdmaTransport::QpDestroyed(const std::shared_ptr<Endpoint>& ep, uint32_t qpn) {
+  if (qpn == 0) return;
+  Unroute(ep->nic_index(), qpn, ep.get());
+  auto closed = ep->TakeClosedQps();
+  if (!ctx_.host || !closer_ || ep->peer_segment().empty()) return;
+  for (const auto& q : closed) {
+    nlohmann::json req = {{"instance", ctx_.instance},
+                          {"local_nic", nics_[ep->nic_index()]->info().name},
+                          {"peer_nic", ep->peer_nic()},
+                          {"qpn", q.qpn},
+                          {"psn", q.psn}};
+    // Not on the caller's thread (a polling thread, or one holding a slice up): CallPeer may wait for the
+    // peer. Once stopping, no close is sent: the peer's table makes room on its own (rdma_responder.h).
+    closer_->Post([this, segment = ep->peer_segment(), body = req.dump()] {
+      if (stopping_.load()) return;
+      auto r = ctx_.host->CallPeer(segment, "rdma.close", body);
+      if (!r.ok()) MC_LOG(kDebug) << "rdma: rdma.close to '" << segment << "': " << r.status().message();
+    });
+  }
 }
 
 StatusOr<QpAddress> RdmaTransport::Handshake(const Peer& peer, size_t peer_nic, const QpAddress& ours) {
@@ -408,13 +442,22 @@ nlohmann::json RdmaTransport::Stats() const {
                           {"bytes", e.bytes()},
                           {"mbps", static_cast<uint64_t>(e.rate() / 1e6)}};
     }
-    out[p->segment] = {{"bytes", p->bytes.load()},
-                       {"slices", p->slices.load()},
-                       {"errors", p->errors.load()},
-                       {"retries", p->retries.load()},
+    size_t qps = 0;  // QPs to this segment still routed (connected, or draining after a failure or retirement)
+    for (const auto& [k, e] : routes_) qps += e->peer_segment() == p->segment;
+    const PeerCounters& c = *p->counters;
+    out[p->segment] = {{"qps", qps},
+                       {"bytes", c.bytes.load()},
+                       {"slices", c.slices.load()},
+                       {"errors", c.errors.load()},
+                       {"retries", c.retries.load()},
                        {"paths", paths}};
   }
   return out;
+}
+
+nlohmann::json RdmaTransport::ListenerStats() const {
+  if (!responder_) return nullptr;
+  return {{"responder_qps", responder_->size()}};
 }
 
 MC_TRANSPORT_PLUGIN("rdma", RdmaTransport, {"rdma"}, "", ProbeRdma);

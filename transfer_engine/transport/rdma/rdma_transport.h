@@ -41,7 +41,8 @@ enum class RegPath : uint8_t;
 /// Errors: an error completion fails only its endpoint (backoff, doubling to MC_RDMA_RAIL_PAUSE_SECONDS) and
 /// charges only its own WR; that WR moves to another NIC pair, at most MC_RETRY_CNT times per slice, then the
 /// slice fails with kRefreshPeer once, then kOtherPath; the WRs flushed behind it move again, uncharged, once
-/// the endpoint was reset;
+/// the endpoint was reset; a retry or resubmission that finds only paused pairs waits (once) for the earliest;
+/// a destroyed requester QP is announced to the peer ("rdma.close", best effort);
 /// IBV_WC_REM_ACCESS_ERR (the peer no longer registers the range) fails with kRemoteRejected and kRefreshPeer.
 /// Every remote range is checked against the peer's descriptor before posting; every descriptor and handshake
 /// field from a peer is validated.
@@ -78,6 +79,8 @@ class RdmaTransport : public Transport {
   void ForgetPeer(const std::string& segment_name) override;
   size_t slice_size() const override { return cfg_.slice_size; }
   nlohmann::json Stats() const override;
+  /// {"responder_qps": the responder QPs this engine keeps for its peers' connections}.
+  nlohmann::json ListenerStats() const override;
 
   /// The NICs in use (for logs and tests).
   std::vector<NicInfo> nics() const;
@@ -89,24 +92,34 @@ class RdmaTransport : public Transport {
   struct Peer;
   struct PeerNic;
   struct SliceJob;
+  struct PeerCounters;
+  class DelayQueue;
 
   Status LoadTopology(const std::string& path);
   std::vector<bool> PreferredNics(const MemoryRegion& region, std::string* why) const;
   StatusOr<std::shared_ptr<RdmaRegionState>> RegisterWith(const MemoryRegion& region, RegPath path,
                                                           nlohmann::json* fields) const;
   std::shared_ptr<Peer> PeerFor(const SegmentDescriptor& desc, Status* error);
-  void Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std::unique_ptr<WorkItem>> items, bool retry);
+  /// Posts the items on the peer's NIC pairs. `retry`: they failed on item->pair, which they avoid. `on_strand`:
+  /// called on the peer's strand (a retry or a resubmission), where items that find only paused pairs wait for
+  /// the earliest of them (once per item) instead of failing.
+  void Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std::unique_ptr<WorkItem>> items, bool retry,
+                bool on_strand = false);
   bool SetKeys(const Peer& peer, WorkItem& item, size_t pair) const;
   StatusOr<QpAddress> Handshake(const Peer& peer, size_t peer_nic, const QpAddress& ours);
   void OnCompletion(size_t nic, const ibv_wc& wc);
   void Route(size_t nic, uint32_t qpn, const std::shared_ptr<Endpoint>& ep);
   void Unroute(size_t nic, uint32_t qpn, const Endpoint* ep);
+  /// `ep` destroyed its QP `qpn` (non-zero): stops routing it and tells the peer's responder ("rdma.close",
+  /// best effort, on closer_; skipped once stopping) so its QP goes too.
+  void QpDestroyed(const std::shared_ptr<Endpoint>& ep, uint32_t qpn);
   void ItemFailed(std::unique_ptr<WorkItem> item, const Status& status, bool remote_access);
   /// Moves items that were not at fault again (on their peer's strand), without charging a retry.
   void Resubmit(std::vector<std::unique_ptr<WorkItem>> items);
   /// Runs `fn` on the worker pool after the peer's earlier jobs (one strand per peer).
   void RunForPeer(const std::shared_ptr<Peer>& peer, std::function<void()> fn);
-  /// The live Peer for `old`'s key (re-made with fresh endpoints when it was forgotten meanwhile).
+  /// The live Peer for `old`'s key (re-made with fresh endpoints when it was forgotten meanwhile); null once
+  /// stopping (Stop emptied the peers: none may come back).
   std::shared_ptr<Peer> CurrentPeer(const std::shared_ptr<Peer>& old);
   std::shared_ptr<Peer> MakePeerLocked(const std::string& key, const std::string& segment,
                                        const std::vector<PeerNic>& nics);
@@ -125,11 +138,15 @@ class RdmaTransport : public Transport {
   uint64_t chunk_size_ = 0;  // registration chunk; 0: unlimited
   std::map<std::string, std::vector<std::string>> topology_;  // location -> its preferred NIC names
   std::unique_ptr<WorkQueue> worker_;  // retries and their reconnections, one strand per peer
+  std::unique_ptr<DelayQueue> delayed_;  // items waiting for a paused endpoint (handed to the peer's strand)
+  /// "rdma.close" calls, one at a time: a hung peer delays only other closes, never retries or handshakes.
+  std::unique_ptr<WorkQueue> closer_;
   std::atomic<bool> stopping_{false};
 
   mutable std::mutex mu_;  // guards peers_, routes_
   std::map<std::string, std::shared_ptr<Peer>> peers_;  // by the peer's instance id (else its name)
   std::unordered_map<uint64_t, std::shared_ptr<Endpoint>> routes_;  // (nic << 32 | qpn) -> endpoint
+  std::map<std::string, std::shared_ptr<PeerCounters>> counters_;  // by segment name
   std::unique_ptr<Responder> responder_;  // the passive end of "rdma.connect"
 };
 

@@ -205,9 +205,10 @@ TEST_F(RdmaTransportTest, RegistrationPublishesKeysPerDevice) {
   EXPECT_EQ(dev->state, nullptr);
 }
 
-// The responder table: confirmed connections are never evicted (a full table refuses instead), unconfirmed ones
-// may be; a restarted peer's old QPs go; one instance cannot take the whole table.
-TEST(RdmaResponderTest, EvictsOnlyUnconfirmedEntriesAndBoundsEachPeer) {
+// The responder table: unconfirmed connections are evicted first, then the least recently confirmed one (a dead
+// peer's entries must not fill the table for good); a restarted peer's old QPs go; "rdma.close" drops one; one
+// instance cannot take the whole table; keys are tuples (no peer string can alias another's key).
+TEST(RdmaResponderTest, EvictsUnconfirmedThenLeastRecentlyConfirmedAndBoundsEachPeer) {
   Devices d;
   RdmaConfig cfg;
   auto info = InspectDevice(Api(), d.Get("good0"), cfg);
@@ -230,19 +231,66 @@ TEST(RdmaResponderTest, EvictsOnlyUnconfirmedEntriesAndBoundsEachPeer) {
     ASSERT_TRUE(r.Ready(ready("i1", "x0", 0x100)).ok());
     ASSERT_TRUE(r.Connect(req("i2", "s2", "x0", 0x200)).ok());
     ASSERT_TRUE(r.Ready(ready("i2", "x0", 0x200)).ok());
-    auto c = r.Connect(req("i3", "s3", "x0", 0x300));
-    EXPECT_EQ(c.status().code(), ErrorCode::kTooManyRequests) << "a confirmed connection was evicted";
     auto again = r.Connect(req("i1", "s1", "x0", 0x100));
     ASSERT_TRUE(again.ok());
-    EXPECT_EQ(*again, *a) << "i1's QP is still the same";
+    EXPECT_EQ(*again, *a) << "a repeated request gets the same QP";
+    // Full of confirmed entries (i1 confirmed before i2): a newcomer takes the least recently confirmed place.
+    auto c = r.Connect(req("i3", "s3", "x0", 0x300));
+    ASSERT_TRUE(c.ok()) << "a full table of confirmed entries refuses for good: " << c.status().ToString();
+    EXPECT_FALSE(r.Ready(ready("i1", "x0", 0x100)).ok()) << "not the least recently confirmed entry went";
+    EXPECT_TRUE(r.Ready(ready("i2", "x0", 0x200)).ok());  // i2 is now the most recently confirmed
+    // The evicted requester reconnects (a new QP): it takes the place of i3, unconfirmed, before confirmed i2.
+    ASSERT_TRUE(r.Connect(req("i1", "s1", "x0", 0x101)).ok());
+    EXPECT_FALSE(r.Ready(ready("i3", "x0", 0x300)).ok());
+    EXPECT_TRUE(r.Ready(ready("i1", "x0", 0x101)).ok());
+    EXPECT_TRUE(r.Ready(ready("i2", "x0", 0x200)).ok());
     // s2 restarts as i4: i2's QP goes at once, which makes room.
     ASSERT_TRUE(r.Connect(req("i4", "s2", "x0", 0x400)).ok());
     EXPECT_EQ(r.size(), 2u);
     EXPECT_FALSE(r.Ready(ready("i2", "x0", 0x200)).ok());
-    // i4 never confirms: a newcomer may take its place.
-    ASSERT_TRUE(r.Connect(req("i5", "s5", "x0", 0x500)).ok());
+    // rdma.close: only with the QPN and PSN of the entry (a close overtaken by a reconnect, even one that got the
+    // same QPN again, leaves it alone); idempotent.
+    auto close = [](const std::string& instance, uint32_t qpn, uint32_t psn) {
+      return nlohmann::json{{"instance", instance}, {"local_nic", "x0"}, {"peer_nic", "good0"}, {"qpn", qpn},
+                            {"psn", psn}}
+          .dump();
+    };
+    EXPECT_TRUE(r.Close(close("i4", 0x999, 1)).ok());
+    EXPECT_TRUE(r.Close(close("i4", 0x400, 2)).ok());
+    EXPECT_EQ(r.size(), 2u);
+    EXPECT_TRUE(r.Close(close("i4", 0x400, 1)).ok());
+    EXPECT_EQ(r.size(), 1u);
+    EXPECT_TRUE(r.Close(close("i4", 0x400, 1)).ok());
     EXPECT_FALSE(r.Ready(ready("i4", "x0", 0x400)).ok());
-    EXPECT_TRUE(r.Ready(ready("i1", "x0", 0x100)).ok());
+    EXPECT_EQ(r.Close("{\"instance\": 5}").status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_TRUE(r.Ready(ready("i1", "x0", 0x101)).ok());
+  }
+  {
+    // Handshakes within their ready window are not dropped: a table full of them refuses.
+    Responder r({*nic}, cfg, "self", /*capacity=*/1, /*ready_window=*/std::chrono::seconds(60));
+    ASSERT_TRUE(r.Connect(req("i1", "s1", "x0", 0x100)).ok());
+    EXPECT_EQ(r.Connect(req("i2", "s2", "x0", 0x200)).status().code(), ErrorCode::kTooManyRequests);
+    ASSERT_TRUE(r.Ready(ready("i1", "x0", 0x100)).ok());
+    EXPECT_TRUE(r.Connect(req("i2", "s2", "x0", 0x200)).ok()) << "a confirmed entry makes room";
+  }
+  {
+    // "a|b" + "c" and "a" + "b|c" are different connections.
+    Responder r({*nic}, cfg);
+    ASSERT_TRUE(r.Connect(req("i|x", "s1", "y", 0x100)).ok());
+    ASSERT_TRUE(r.Connect(req("i", "s2", "x|y", 0x200)).ok());
+    EXPECT_EQ(r.size(), 2u);
+    EXPECT_TRUE(r.Ready(ready("i|x", "y", 0x100)).ok()) << "one peer's request replaced another's QP";
+    EXPECT_TRUE(r.Ready(ready("i", "x|y", 0x200)).ok());
+  }
+  {
+    // Segment s1 restarts as instance "i" with a connection whose strings would have joined to the old
+    // instance's key: the old one's QP goes, the new one is made (no entry is used after its erase).
+    Responder r({*nic}, cfg);
+    ASSERT_TRUE(r.Connect(req("i|x", "s1", "y", 0x100)).ok());
+    ASSERT_TRUE(r.Connect(req("i", "s1", "x|y", 0x200)).ok());
+    EXPECT_EQ(r.size(), 1u);
+    EXPECT_FALSE(r.Ready(ready("i|x", "y", 0x100)).ok());
+    EXPECT_TRUE(r.Ready(ready("i", "x|y", 0x200)).ok());
   }
   {
     Responder r({*nic}, cfg);
@@ -397,6 +445,31 @@ TEST_F(RdmaTransportTest, WithdrawnRegionsRefuseRemoteAccessAtOnce) {
   peer.mem[0] = 2;
   EXPECT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start, rkey, 64), IBV_WC_REM_ACCESS_ERR);
   EXPECT_EQ(mem[0], 1) << "a late write landed in withdrawn memory";
+  t_.UnregisterRegion(r);
+}
+
+// On mlx5 an MR's lkey is also an rkey, so the published lkey[] must belong to MRs without remote access: a peer
+// using one as an rkey is refused (the fake gives one key per MR, as mlx5 does).
+TEST_F(RdmaTransportTest, APublishedLkeyIsNoRemoteKey) {
+  std::vector<uint8_t> mem(1 << 16, 0);
+  MemoryRegion r;
+  r.start = reinterpret_cast<uint64_t>(mem.data());
+  r.length = mem.size();
+  auto reg = t_.RegisterRegion(r);
+  ASSERT_TRUE(reg.ok());
+  r.transports.push_back({"rdma", reg->descriptor_fields, reg->state});
+  const uint32_t lkey = reg->descriptor_fields["lkey"][0].get<uint32_t>();
+  const uint32_t rkey = reg->descriptor_fields["rkey"][0].get<uint32_t>();
+  ASSERT_NE(lkey, rkey);
+  RawRequester peer(1 << 16);
+  peer.Connect(host_.methods["rdma.connect"]);
+  peer.mem[0] = 1;
+  ASSERT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start, rkey, 64), IBV_WC_SUCCESS);
+  EXPECT_EQ(mem[0], 1);
+  peer.mem[0] = 2;
+  EXPECT_EQ(peer.Run(IBV_WR_RDMA_WRITE, 0, r.start, lkey, 64), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(mem[0], 1) << "a write through the published lkey landed";
+  t_.WithdrawRegion(r);
   t_.UnregisterRegion(r);
 }
 

@@ -1,5 +1,6 @@
 #include "transfer_engine/transport/rdma/verbs_api.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
 
@@ -25,11 +26,8 @@ int PollCq(ibv_cq* cq, int n, ibv_wc* wc) { return cq->context->ops.poll_cq(cq, 
 int ReqNotifyCq(ibv_cq* cq, int solicited) { return cq->context->ops.req_notify_cq(cq, solicited); }
 
 // Whether the kernel has a peer-memory client, which lets ibv_reg_mr pin GPU memory (GPUDirect RDMA without
-// dma-buf): the memory_peers interface (MLNX_OFED) or the nvidia_peermem module.
-int PeerMemory() {
-  struct stat st;
-  return stat("/sys/kernel/mm/memory_peers", &st) == 0 || stat("/sys/module/nvidia_peermem", &st) == 0 ? 1 : 0;
-}
+// dma-buf).
+int PeerMemory() { return PeerMemoryClientLoaded("/sys") ? 1 : 0; }
 
 template <typename Fn>
 bool Resolve(void* lib, const char* name, Fn* out, std::string* why) {
@@ -110,6 +108,19 @@ const VerbsApi* LoadFake(const std::string& path, std::string* why) {
 }
 
 }  // namespace
+
+bool PeerMemoryClientLoaded(const std::string& sysfs_root) {
+  struct stat st;
+  if (stat((sysfs_root + "/module/nvidia_peermem").c_str(), &st) == 0) return true;
+  DIR* d = opendir((sysfs_root + "/kernel/mm/memory_peers").c_str());
+  if (!d) return false;
+  bool client = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') client = true;  // one directory per registered client (e.g. nv_mem)
+  }
+  closedir(d);
+  return client;
+}
 
 const VerbsApi* LoadVerbsLibrary(const std::string& path, std::string* why) {
   if (path.empty() || path == "libibverbs.so.1") return LoadReal(why);

@@ -76,6 +76,11 @@ constexpr const char* kFakeVerbsEntry = "mc_fake_verbs_api_v1";
 /// when it cannot be loaded. Thread-safe.
 const VerbsApi* LoadVerbsApi(std::string* why);
 
+/// Whether the sysfs tree at `sysfs_root` ("/sys") shows a loaded peer-memory client: the nvidia_peermem module
+/// (module/nvidia_peermem), or a client registered with MLNX_OFED's memory_peers interface (an entry inside
+/// kernel/mm/memory_peers: the interface alone, with no client, pins nothing). The real table's peer_memory.
+bool PeerMemoryClientLoaded(const std::string& sysfs_root);
+
 /// The table of libibverbs.so.1 or of a fake provider .so at `path`, loaded now (for tests).
 const VerbsApi* LoadVerbsLibrary(const std::string& path, std::string* why);
 

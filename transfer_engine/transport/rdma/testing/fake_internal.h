@@ -116,7 +116,7 @@ struct FakePd {
 };
 
 struct FakeMr {
-  ibv_mr mr;  // mr.lkey != mr.rkey: the local checks take the lkey, the responder checks the rkey
+  ibv_mr mr;  // mr.lkey == mr.rkey (as on mlx5): one key; remote use is checked against `access`
   int access = 0;
   uint32_t pd_id = 0;
 };
@@ -221,27 +221,23 @@ class Provider {
 
   std::string Path(const std::string& sub) const { return cfg_.state + "/" + sub; }
 
-  // --- local MRs (guarded by mu_) and this process's MR table file (rkeys only: what peers may use)
-  /// Gives `mr` an lkey and a different rkey, unique among this process's keys of either kind.
+  // --- local MRs (guarded by mu_) and this process's MR table file (every MR with its access flags: a peer's
+  // use of a key is checked against them, so a local-only MR's key is refused remotely)
+  /// Gives `mr` one key, unique among this process's MRs, as both lkey and rkey (mlx5 does the same: code that
+  /// publishes a local-only MR's lkey hands peers a key that names real memory).
   void AddMr(FakeMr* mr) {
     std::lock_guard lock(mu_);
-    auto fresh = [&] {
-      uint32_t key;
-      do {
-        key = static_cast<uint32_t>(rng_()) | 1u;
-      } while (mrs_.count(key) || rkeys_.count(key));
-      return key;
-    };
-    mr->mr.lkey = fresh();
-    mrs_[mr->mr.lkey] = mr;
-    mr->mr.rkey = fresh();
-    rkeys_[mr->mr.rkey] = mr;
+    uint32_t key;
+    do {
+      key = static_cast<uint32_t>(rng_()) | 1u;
+    } while (mrs_.count(key));
+    mr->mr.lkey = mr->mr.rkey = key;
+    mrs_[key] = mr;
     WriteMrTableLocked();
   }
   void RemoveMr(const FakeMr* mr) {
     std::lock_guard lock(mu_);
     mrs_.erase(mr->mr.lkey);
-    rkeys_.erase(mr->mr.rkey);
     WriteMrTableLocked();
   }
   // Whether [addr, addr+len) lies in a local MR with lkey `key` of PD `pd` granting `access`.
@@ -265,7 +261,7 @@ class Provider {
  private:
   void WriteMrTableLocked() {
     std::ostringstream out;
-    for (const auto& [key, m] : rkeys_) {
+    for (const auto& [key, m] : mrs_) {
       out << key << ' ' << m->pd_id << ' ' << reinterpret_cast<uint64_t>(m->mr.addr) << ' ' << m->mr.length << ' '
           << m->access << '\n';
     }
@@ -278,8 +274,7 @@ class Provider {
   std::atomic<pid_t> pid_{0};
   std::atomic<pid_t> local_pid_{0};
   std::vector<FakeDevice*> devices_;
-  std::map<uint32_t, FakeMr*> mrs_;    // by lkey
-  std::map<uint32_t, FakeMr*> rkeys_;  // by rkey
+  std::map<uint32_t, FakeMr*> mrs_;  // by key (lkey == rkey)
   uint32_t pd_ids_ = 0;
   std::mt19937_64 rng_;
 };

@@ -20,8 +20,8 @@
 //   MC_RDMA_FAKE_PEERMEM  1: peer_memory() says a peer-memory client is loaded; default 0;
 //   MC_RDMA_FAKE_RETRY_MS how long a WR keeps retrying an unreachable peer before IBV_WC_RETRY_EXC_ERR (500).
 //
-// Semantics: devices with one port; PDs; MRs with an lkey and a different rkey (local SGEs are checked by lkey,
-// the responder by rkey) and access flags; dma-buf MRs (reg_dmabuf_mr: EBADF for a closed fd; EINVAL for a zero
+// Semantics: devices with one port; PDs; MRs with one key as lkey and rkey (as mlx5 gives them) and access
+// flags: a peer may use any MR's key, and the responder checks the MR's remote access flags; dma-buf MRs (reg_dmabuf_mr: EBADF for a closed fd; EINVAL for a zero
 // or oversized length, a null iova, remote write without local write, offset + length beyond the file, or an
 // iova where this process does not map the fd at `offset` -- the fake moves bytes by address); CQs that overrun
 // when a completion finds them full (every poll then fails and their QPs move to ERR); completion channels

@@ -365,18 +365,20 @@ TEST_F(FakeVerbsTest, PeerQpGoneRetryExceeded) {
   EXPECT_EQ(a_.Wait().status, IBV_WC_RETRY_EXC_ERR);
 }
 
-TEST_F(FakeVerbsTest, LocalAndRemoteKeysDifferAndEachIsCheckedWhereItBelongs) {
-  Connect();
-  EXPECT_NE(a_.mr->lkey, a_.mr->rkey);
-  EXPECT_NE(b_.mr->lkey, b_.mr->rkey);
-  // The responder's lkey is no rkey.
+// As on mlx5, an MR's lkey is its rkey: what keeps a peer out of local-only memory is the MR's access flags.
+TEST_F(FakeVerbsTest, OneKeyPerMrAndRemoteUseIsCheckedAgainstItsAccessFlags) {
+  Connect(/*b_access=*/IBV_ACCESS_LOCAL_WRITE);  // b_'s MR: local use only
+  EXPECT_EQ(a_.mr->lkey, a_.mr->rkey);
+  EXPECT_EQ(b_.mr->lkey, b_.mr->rkey);
   ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->lkey, 64, 1), 0);
-  EXPECT_EQ(a_.Wait().status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_REM_ACCESS_ERR) << "a local-only MR was written remotely";
   a_.Close();
   b_.Close();
-  Connect();
-  // Our own rkey is no lkey.
-  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 64, 1, a_.mr->rkey), 0);
+  Connect();  // b_'s MR with remote access: the same kind of key now works, either way round
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->lkey, 64, 1, a_.mr->rkey), 0);
+  EXPECT_EQ(a_.Wait().status, IBV_WC_SUCCESS);
+  // A key naming no MR of ours is refused locally.
+  ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, BAddr(), b_.mr->rkey, 64, 2, a_.mr->lkey ^ 0x100), 0);
   EXPECT_EQ(a_.Wait().status, IBV_WC_LOC_PROT_ERR);
 }
 
@@ -453,7 +455,7 @@ TEST_F(FakeVerbsTest, DmabufMrsCheckTheirArgumentsAndCarryBytes) {
   EXPECT_EQ(errno, EINVAL);
   ibv_mr* mr = V().reg_dmabuf_mr(b_.pd, kLen, kLen, iova, fd, access);
   ASSERT_NE(mr, nullptr) << strerror(errno);
-  EXPECT_NE(mr->lkey, mr->rkey);
+  EXPECT_EQ(mr->lkey, mr->rkey);
   for (int i = 0; i < 1000; ++i) a_.mem[i] = static_cast<uint8_t>(i * 5);
   ASSERT_EQ(a_.Post(IBV_WR_RDMA_WRITE, 0, iova + 100, mr->rkey, 1000, 1), 0);
   EXPECT_EQ(a_.Wait().status, IBV_WC_SUCCESS);
