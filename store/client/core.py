@@ -70,7 +70,8 @@ import grpc
 from mooncake.store.client.config import ReplicateConfig, SetupConfig
 from mooncake.store.client.disk_link import DiskLinkMixin, DiskReporter
 from mooncake.store.client.guard import NOT_READY, all_failed, while_open
-from mooncake.store.client.memory import BYTES_DATA, RegisteredRanges, StagingPool, gather, scatter
+from mooncake.store.client.device_memory import DeviceBuffers
+from mooncake.store.client.memory import BYTES_DATA, ZERO_COPY_MIN, RegisteredRanges, StagingPool, gather, scatter
 from mooncake.store.client.reads import ReadPathMixin
 from mooncake.store.client.reserved import ReservedPuts
 from mooncake.store.client.validate import key_error
@@ -81,7 +82,6 @@ from mooncake.store.proto import mooncake_master_pb2 as pb
 _log = logging.getLogger("mooncake.store.client")
 
 OK = 0
-ZERO_COPY_MIN = 2 << 20  # registering costs ~100 µs per buffer here: below this a staging copy is cheaper
 CACHE_MARGIN = 0.25
 CACHE_MAX_ENTRIES = 1 << 16
 _ALREADY = int(ErrorCode.OBJECT_ALREADY_EXISTS)
@@ -135,6 +135,7 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         self._staging = StagingPool(0, 0)
         self._reserved = ReservedPuts(self)
         self._ranges = RegisteredRanges()
+        self._devices = DeviceBuffers()  # the registered buffers that are device memory
         self._cache: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._cache_lock = threading.Lock()
         self._view = 0
@@ -382,6 +383,7 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         self._global = self._local = (0, 0)
         self._staging = self._mem_pool = StagingPool(0, 0)
         self._ranges.clear()
+        self._devices.clear()
         self.cache_clear()
 
     def _release_shared_engine(self) -> None:
@@ -432,17 +434,17 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         return bool(self._segment_id) and rep.segment_id == self._segment_id
 
     def _copy(self, remote: int, local: int, n: int, write: bool) -> bool:
-        """memmove between `local` and this client's own segment at `remote`; False (nothing copied) when
-        [remote, remote+n) is not inside it. Only between _enter and _leave."""
+        """Copies between `local` and this client's own segment at `remote` (memmove, or the platform's copy for
+        a registered device buffer); False (nothing copied) when [remote, remote+n) is not inside it or a device
+        copy failed. Only between _enter and _leave."""
         base, size = self._global
         if not size or remote < base or remote + n > base + size:
             _log.error("replica range [%#x, +%d) is outside this client's segment; not copied", remote, n)
             return False
+        # `local` may be a registered device buffer: its platform copies it (device_memory.py)
         if write:
-            ctypes.memmove(remote, local, n)
-        else:
-            ctypes.memmove(local, remote, n)
-        return True
+            return self._devices.copy(remote, local, n, device_side=local)
+        return self._devices.copy(local, remote, n, device_side=local)
 
     def _usable(self, e: _Entry, now: float) -> bool:
         """Whether entry `e`'s buffers may still be read (descriptor cache rule): its lease lasts and the

@@ -1,8 +1,8 @@
 """Zero-copy store calls with "device" buffers, on the host emulation (MC_PLATFORM_EMULATION=1: memfd memory the
 platform classifies as cuda:0; not a GPU): register_buffer of a device pointer, put_from / get_into and their batch
 forms through it, the objects living in another client's (host) segment, so every byte crosses the Transfer
-Engine, which stages device memory through pinned host buffers (tcp). This process contributes no segment: the
-store copies replicas in its own segment with a plain memmove, which is right for host memory only."""
+Engine, which stages device memory through pinned host buffers (tcp). A store with a segment of its own copies
+between that (host) segment and a device buffer with the platform's copy, never memmove."""
 
 import hashlib
 import json
@@ -93,3 +93,48 @@ def test_batch_forms_with_device_memory(master, holder, device):
         assert staging["copies"] >= 2 * n and staging["copied_bytes"] >= 2 * n * block, staging
         assert sum(p["bytes"] for p in stats.get("shm", {}).values()) == 0, stats.get("shm")
         assert s.unregister_buffer(ptr) == 0
+
+
+class _RecordingPlatform:
+    """The real platform, with its copies counted (device_memory.py must pick it for device buffers)."""
+
+    def __init__(self, real) -> None:
+        self.real, self.copies = real, 0
+
+    def copy(self, dst, src, n):
+        self.copies += 1
+        self.real.copy(dst, src, n)
+
+
+def test_own_segment_copies_of_device_memory_use_the_platform(master, device, monkeypatch):
+    from mooncake.store import ReplicateConfig
+    from mooncake.store.client import device_memory
+
+    emu, ptr = device
+    rec = _RecordingPlatform(emu)
+    monkeypatch.setattr(device_memory, "_platform_for", lambda kind: rec if kind.startswith("cuda") else None)
+    with local_store(master.address, segment="32MB") as s:
+        here = ReplicateConfig(preferred_segments=[s.get_hostname()])
+        assert s.register_buffer(ptr, SIZE) == 0
+        data = fill(emu, ptr, MiB + 5, seed=3)
+        assert s.put_from("dev/own", ptr, data.size, here) == 0
+        assert rec.copies == 1  # into the own segment, by the platform
+        emu.copy(ptr + 2 * MiB, np.zeros(data.size, dtype=np.uint8).ctypes.data, data.size)
+        assert s.get_into("dev/own", ptr + 2 * MiB, data.size) == data.size
+        assert rec.copies == 2
+        assert sha(read(emu, ptr + 2 * MiB, data.size)) == sha(data)
+        n, block = 4, 128 * 1024
+        batch = fill(emu, ptr, n * block, seed=4)
+        keys = [f"dev/own{i}" for i in range(n)]
+        assert s.batch_put_from(keys, [ptr + i * block for i in range(n)], [block] * n, here) == [0] * n
+        half = SIZE // 2
+        assert s.batch_get_into(keys, [ptr + half + i * block for i in range(n)], [block] * n) == [block] * n
+        assert sha(read(emu, ptr + half, n * block)) == sha(batch)
+        assert rec.copies >= 2 + 2 * n
+        # Host memory still takes memmove: a host buffer registered beside it adds no platform copy.
+        host = np.arange(4096, dtype=np.uint8)
+        assert s.register_buffer(host.ctypes.data, host.nbytes) == 0
+        before = rec.copies
+        assert s.put_from("host/own", host.ctypes.data, host.nbytes, here) == 0
+        assert rec.copies == before and s.get("host/own") == host.tobytes()
+        assert s.unregister_buffer(host.ctypes.data) == 0 and s.unregister_buffer(ptr) == 0

@@ -23,6 +23,7 @@ import numpy as np
 from mooncake.store.common.allocator import OffsetAllocator
 
 _ALIGN = 64
+ZERO_COPY_MIN = 2 << 20  # registering costs ~100 µs per buffer here: below this a staging copy is cheaper
 
 
 def buffer_address(obj) -> tuple[int, int]:

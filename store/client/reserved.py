@@ -17,6 +17,7 @@ Set MC_STORE_RESERVED_PUT=0 to turn the path off (every put then takes two maste
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ import time
 import grpc
 
 from mooncake.store.client.guard import NOT_READY
-from mooncake.store.client.memory import gather
+from mooncake.store.client.memory import ZERO_COPY_MIN, gather
 from mooncake.store.common.errors import ErrorCode
 
 _log = logging.getLogger("mooncake.store.client")
@@ -93,7 +94,8 @@ class ReservedPuts:
 
     def put(self, key: str, size: int, source: list, registered: bool, config) -> int | None:
         """Puts one value (source: [(addr, len)]) through a reserved block; per-key code, or None: put it the
-        two-call way."""
+        two-call way. The hot path of small puts: one staging copy (or none for registered memory), one
+        Transfer Engine write (a memmove into this client's own segment), one master call."""
         if not self.enabled or config.replica_num != 1:
             return None
         core = self._core
@@ -102,11 +104,7 @@ class ReservedPuts:
         block = self._take(pref, size, proto)
         if block is None:
             return None
-        pinned = core._pin(source, registered, not core._is_mine(block.segment), write_out=False)
-        if pinned is None:
-            self._give_back(pref, block)
-            return _TRANSFER_FAIL
-        if not core._move_contiguous(block.segment, block.cursor, *pinned, write=True):
+        if not self._write_one(block, size, source, registered):
             self._give_back(pref, block)  # nothing committed: the space is reused by the next put
             return _TRANSFER_FAIL
         sent = time.monotonic()
@@ -126,6 +124,33 @@ class ReservedPuts:
             block.confirmed = sent
             self._give_back(pref, block)
         return None
+
+    def _write_one(self, block: _Block, size: int, source: list, registered: bool) -> bool:
+        """Writes the regions of `source` back to back at the block's cursor; True when it worked. The
+        general path (core._pin, core._transfer) for anything but one region to another client's segment."""
+        core = self._core
+        seg = block.segment
+        engine = core._engine
+        if len(source) != 1 or core._is_mine(seg) or engine is None or seg.segment_name == core._segment_name:
+            pinned = core._pin(source, registered, not core._is_mine(seg), write_out=False)
+            return pinned is not None and core._move_contiguous(seg, block.cursor, *pinned, write=True)
+        addr, n = source[0]
+        staged = None
+        if not registered:
+            staged = core._staging.alloc(n) if n < ZERO_COPY_MIN else None
+            if staged is None:
+                pinned = core._pin(source, registered, True, write_out=False)
+                return pinned is not None and core._move_contiguous(seg, block.cursor, *pinned, write=True)
+            ctypes.memmove(staged, addr, n)
+            addr = staged
+        try:
+            rc = engine.transfer_sync_write(seg.segment_name, addr, block.cursor, n)
+        finally:
+            if staged is not None:
+                core._staging.free(staged)
+        if rc != 0:
+            _log.warning("transfer to segment %s failed (rc %d)", seg.segment_name, rc)
+        return rc == 0
 
     def put_batch(self, keys: list[str], sizes: list[int], sources: list, registered: bool, config
                   ) -> list[int] | None:
@@ -220,10 +245,14 @@ class ReservedPuts:
         ago: a pooled fresh one, a pooled one renewed now (one call, as PutStart would cost), or a new one."""
         now = time.monotonic()
         with self._lock:
-            blocks = self._pool.get(pref, [])
-            blocks[:] = [b for b in blocks if b.alive(now)]  # the rest the master frees by itself
-            fitting = [b for b in blocks if b.room(size)]
-            block = max(fitting, key=lambda b: b.confirmed) if fitting else None
+            blocks = self._pool.get(pref)
+            block = None
+            if blocks:
+                if not all(b.alive(now) for b in blocks):
+                    blocks[:] = [b for b in blocks if b.alive(now)]  # the rest the master frees by itself
+                for b in blocks:  # the most recently confirmed one with room
+                    if b.room(size) and (block is None or b.confirmed > block.confirmed):
+                        block = b
             if block is not None:
                 blocks.remove(block)
             elif now < self._no_grant_until:

@@ -375,10 +375,12 @@ class MooncakeDistributedStore(SessionAPI, TensorAPI, TaskAPI, StoreCore):
             _log.info("register_buffer: [%#x, +%d) is registered with the shared Transfer Engine already: used as "
                       "it is", buffer_ptr, size)
             self._borrowed.add(buffer_ptr)
+            self._devices.note(buffer_ptr, size)
             return OK
         if rc != 0:
             self._ranges.remove(buffer_ptr)
             return _INVALID
+        self._devices.note(buffer_ptr, size)
         return OK
 
     @typed(buffer_ptr=UINT)
@@ -388,6 +390,7 @@ class MooncakeDistributedStore(SessionAPI, TensorAPI, TaskAPI, StoreCore):
         if self._ranges.remove(buffer_ptr) is None:
             _log.error("unregister_buffer: %#x was not registered with register_buffer", buffer_ptr)
             return _INVALID
+        self._devices.forget(buffer_ptr)
         if buffer_ptr in self._borrowed:  # the shared engine's owner registered it: theirs to undo
             self._borrowed.discard(buffer_ptr)
             return OK

@@ -63,6 +63,9 @@ class EtcdBackend:
     def __init__(self, endpoints: list[str], cluster_id: str, timeout: float = 2.0) -> None:
         self.endpoints = list(endpoints)
         self.view_key, self.log_prefix = keys(cluster_id)
+        self.sync_key = self.view_key + "_sync"
+        self.present_prefix = self.view_key + "_present/"
+        self._presence = ("", "")  # (lease, name) of announce
         self.timeout = timeout
         self._good = 0
         self._lease = "0"
@@ -112,13 +115,13 @@ class EtcdBackend:
         raise BackendError(f"etcd unreachable ({', '.join(self.endpoints)}): {last}")
 
     # -- leader side ------------------------------------------------------------------------------------------
-    def campaign(self, address: str, ttl: float) -> int | None:
-        """Becomes leader if nobody is: a lease of `ttl` s and the view key created on it. Returns the view
-        number, or None (someone leads)."""
+    def campaign(self, address: str, ttl: float, sync: str = "") -> int | None:
+        """Becomes leader if nobody is: a lease of `ttl` s and the view key created on it (holding `address`
+        and the standbys' stream address `sync`). Returns the view number, or None (someone leads)."""
         lease = self._post("/v3/lease/grant", {"TTL": str(max(1, int(round(ttl))))}).get("ID")
         if not lease:
             raise BackendError("etcd granted no lease")
-        value = json.dumps({"address": address})
+        value = json.dumps({"address": address, "sync": sync})
         txn = {"compare": [{"key": _b64(self.view_key), "target": "CREATE", "result": "EQUAL",
                             "create_revision": "0"}],
                "success": [{"request_put": {"key": _b64(self.view_key), "value": _b64(value), "lease": lease}}]}
@@ -144,23 +147,89 @@ class EtcdBackend:
                 pass
             self._lease = "0"
 
-    def append(self, first_lsn: int, records: list[dict]) -> bool:
-        """Writes one batch of op records, only while this master's view key exists (fenced)."""
-        key = f"{self.log_prefix}{first_lsn:020d}"
+    def _fenced_put(self, key: str, value: str) -> bool:
         txn = {"compare": [{"key": _b64(self.view_key), "target": "CREATE", "result": "EQUAL",
                             "create_revision": str(self._view_rev)}],
-               "success": [{"request_put": {"key": _b64(key), "value": _b64(json.dumps(records))}}]}
+               "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]}
         return bool(self._post("/v3/kv/txn", txn).get("succeeded"))
+
+    def append(self, first_lsn: int, records: list[dict]) -> bool:
+        """Writes one batch of op records, only while this master's view key exists (fenced)."""
+        return self.append_encoded(first_lsn, json.dumps(records))
+
+    def append_encoded(self, first_lsn: int, text: str) -> bool:
+        """append of a batch already encoded as a JSON list."""
+        return self._fenced_put(f"{self.log_prefix}{first_lsn:020d}", text)
+
+    def compact_log(self, before_lsn: int) -> bool:
+        """Deletes the batches whose first op number is below `before_lsn`; fenced like append."""
+        end = f"{self.log_prefix}{max(0, before_lsn):020d}"
+        txn = {"compare": [{"key": _b64(self.view_key), "target": "CREATE", "result": "EQUAL",
+                            "create_revision": str(self._view_rev)}],
+               "success": [{"request_delete_range": {"key": _b64(self.log_prefix + "0" * 20),
+                                                     "range_end": _b64(end)}}]}
+        return bool(self._post("/v3/kv/txn", txn).get("succeeded"))
+
+    def log_start(self) -> int | None:
+        """The first op number of the oldest batch in the log (None: the log is empty)."""
+        end = self.log_prefix[:-1] + chr(ord(self.log_prefix[-1]) + 1)
+        out = self._post("/v3/kv/range", {"key": _b64(self.log_prefix), "range_end": _b64(end), "limit": "1",
+                                          "sort_order": "ASCEND", "sort_target": "KEY", "keys_only": True})
+        kvs = out.get("kvs") or []
+        return int(_unb64(kvs[0]["key"]).decode()[len(self.log_prefix):]) if kvs else None
+
+    def announce(self, name: str, ttl: float) -> None:
+        """Keeps key <view>_present/<name> alive on a lease of its own (`ttl` s): this process holds the
+        memory that name stands for in the sync set. A new name replaces the previous one."""
+        with self._lock:
+            lease, old = self._presence
+        if lease and old == name:
+            out = self._post("/v3/lease/keepalive", {"ID": lease})
+            if int(out.get("TTL", "0")) > 0:
+                return
+        if lease:
+            try:
+                self._post("/v3/lease/revoke", {"ID": lease})
+            except BackendError:
+                pass
+        lease = self._post("/v3/lease/grant", {"TTL": str(max(1, int(round(ttl))))}).get("ID")
+        if not lease:
+            raise BackendError("etcd granted no lease")
+        self._post("/v3/kv/put", {"key": _b64(self.present_prefix + name), "value": _b64("1"), "lease": lease})
+        with self._lock:
+            self._presence = (lease, name)
+
+    def present(self) -> set[str]:
+        """The names whose presence key lives (announce)."""
+        end = self.present_prefix[:-1] + chr(ord(self.present_prefix[-1]) + 1)
+        out = self._post("/v3/kv/range", {"key": _b64(self.present_prefix), "range_end": _b64(end),
+                                          "keys_only": True})
+        n = len(self.present_prefix)
+        return {_unb64(kv["key"]).decode()[n:] for kv in out.get("kvs") or []}
+
+    def write_sync_set(self, members: list[str]) -> bool:
+        """Stores the standbys that hold every acknowledged op the log may lack (standby_sync.py); fenced."""
+        return self._fenced_put(self.sync_key, json.dumps(members))
+
+    def read_sync_set(self) -> list[str]:
+        kvs = self._post("/v3/kv/range", {"key": _b64(self.sync_key)}).get("kvs") or []
+        return list(json.loads(_unb64(kvs[0]["value"]))) if kvs else []
 
     # -- everyone ---------------------------------------------------------------------------------------------
     def read_view(self) -> tuple[str, int] | None:
         """(leader address, view number), or None while there is no leader."""
+        info = self.view_info()
+        return (info["address"], info["view"]) if info else None
+
+    def view_info(self) -> dict | None:
+        """{"address", "view", "sync"} of the leader, or None while there is none."""
         out = self._post("/v3/kv/range", {"key": _b64(self.view_key)})
         kvs = out.get("kvs") or []
         if not kvs:
             return None
         kv = kvs[0]
-        return json.loads(_unb64(kv["value"]))["address"], int(kv["create_revision"])
+        value = json.loads(_unb64(kv["value"]))
+        return {"address": value["address"], "view": int(kv["create_revision"]), "sync": value.get("sync", "")}
 
     def read_log(self, from_lsn: int, limit: int = 256) -> list[list[dict]]:
         """The batches whose key is at or after `from_lsn`, in order (at most `limit`)."""
@@ -174,7 +243,7 @@ class EtcdBackend:
 _REDIS_CAMPAIGN = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local v = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], cjson.encode({address=ARGV[1], view=v}), 'PX', ARGV[2])
+redis.call('SET', KEYS[1], cjson.encode({address=ARGV[1], view=v, sync=ARGV[3]}), 'PX', ARGV[2])
 return v
 """
 _REDIS_RENEW = """
@@ -189,6 +258,20 @@ local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 if cjson.decode(cur)['view'] ~= tonumber(ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+_REDIS_COMPACT = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if cjson.decode(cur)['view'] ~= tonumber(ARGV[1]) then return 0 end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[2])
+return 1
+"""
+_REDIS_SET_FENCED = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if cjson.decode(cur)['view'] ~= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
 return 1
 """
 
@@ -209,6 +292,9 @@ class RedisBackend:
         self.view_key, prefix = keys(cluster_id)
         self.log_key = prefix + "batches"
         self.counter_key = self.view_key + "_counter"
+        self.sync_key = self.view_key + "_sync"
+        self.present_prefix = self.view_key + "_present/"
+        self._present_name = ""
         self._ttl_ms = 5000
         self._view = 0
 
@@ -218,9 +304,10 @@ class RedisBackend:
         except self._errors as e:
             raise BackendError(f"redis: {e}") from None
 
-    def campaign(self, address: str, ttl: float) -> int | None:
+    def campaign(self, address: str, ttl: float, sync: str = "") -> int | None:
         self._ttl_ms = int(ttl * 1000)
-        v = int(self._do(self._r.eval, _REDIS_CAMPAIGN, 2, self.view_key, self.counter_key, address, self._ttl_ms))
+        v = int(self._do(self._r.eval, _REDIS_CAMPAIGN, 2, self.view_key, self.counter_key, address, self._ttl_ms,
+                         sync))
         if not v:
             return None
         self._view = v
@@ -238,16 +325,50 @@ class RedisBackend:
             pass
 
     def append(self, first_lsn: int, records: list[dict]) -> bool:
-        member = f"{first_lsn:020d}" + json.dumps(records)
+        return self.append_encoded(first_lsn, json.dumps(records))
+
+    def append_encoded(self, first_lsn: int, text: str) -> bool:
+        member = f"{first_lsn:020d}" + text
         return bool(self._do(self._r.eval, _REDIS_APPEND, 2, self.view_key, self.log_key, self._view, first_lsn,
                              member))
 
+    def announce(self, name: str, ttl: float) -> None:
+        old = self._present_name
+        if old and old != name:
+            self._do(self._r.delete, self.present_prefix + old)
+        self._do(self._r.set, self.present_prefix + name, "1", None, int(ttl * 1000))
+        self._present_name = name
+
+    def present(self) -> set[str]:
+        n = len(self.present_prefix)
+        return {k.decode()[n:] if isinstance(k, bytes) else k[n:]
+                for k in self._do(self._r.keys, self.present_prefix + "*")}
+
+    def compact_log(self, before_lsn: int) -> bool:
+        return bool(self._do(self._r.eval, _REDIS_COMPACT, 2, self.view_key, self.log_key, self._view, before_lsn))
+
+    def log_start(self) -> int | None:
+        rows = self._do(self._r.zrange, self.log_key, 0, 0, False, True)
+        return int(rows[0][1]) if rows else None
+
+    def write_sync_set(self, members: list[str]) -> bool:
+        return bool(self._do(self._r.eval, _REDIS_SET_FENCED, 2, self.view_key, self.sync_key, self._view,
+                             json.dumps(members)))
+
+    def read_sync_set(self) -> list[str]:
+        cur = self._do(self._r.get, self.sync_key)
+        return list(json.loads(cur)) if cur else []
+
     def read_view(self) -> tuple[str, int] | None:
+        info = self.view_info()
+        return (info["address"], info["view"]) if info else None
+
+    def view_info(self) -> dict | None:
         cur = self._do(self._r.get, self.view_key)
         if not cur:
             return None
         d = json.loads(cur)
-        return d["address"], int(d["view"])
+        return {"address": d["address"], "view": int(d["view"]), "sync": d.get("sync", "")}
 
     def read_log(self, from_lsn: int, limit: int = 256) -> list[list[dict]]:
         rows = self._do(self._r.zrangebyscore, self.log_key, max(0, from_lsn), "+inf", 0, limit)

@@ -1,5 +1,5 @@
-"""The HA backends against real etcd and Redis servers: one winner per election, renewal, fenced log writes
-after the lease is gone, ordered log reads, bad endpoints."""
+"""The HA backends against real etcd and Redis servers: one winner per election, renewal, fenced log writes,
+sync-set writes and compaction after the lease is gone, ordered log reads, bad endpoints."""
 
 import time
 
@@ -36,6 +36,13 @@ def test_one_leader_then_the_next_after_expiry(pair):
     assert b.append(4, [{"lsn": 4}])
     assert [r["lsn"] for batch in b.read_log(0) for r in batch] == [1, 2, 3, 4]
     assert [batch[0]["lsn"] for batch in b.read_log(2)] == [2, 4]
+    # The sync set and the compaction are fenced like the log; a's are refused.
+    assert not a.write_sync_set(["x"]) and not a.compact_log(10)
+    assert b.write_sync_set(["m1#1", "m2#2"]) and a.read_sync_set() == ["m1#1", "m2#2"]
+    assert b.view_info()["address"] == "127.0.0.1:2"
+    assert b.log_start() == 1
+    assert b.compact_log(4)  # the batches starting before op 4 go; the one starting at 4 stays
+    assert b.log_start() == 4 and [r["lsn"] for batch in b.read_log(0) for r in batch] == [4]
     b.resign()
     assert a.read_view() is None
 

@@ -148,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     flag("ha_lease_ttl", _duration("s", "s"), d.ha_lease_ttl_sec, "HA: leader lease TTL, seconds or with unit")
     flag("oplog_poll_interval_ms", _positive_int, d.oplog_poll_interval_ms, "HA: standby op log poll period")
     flag("oplog_batch_max_entries", _positive_int, d.oplog_batch_max_entries, "HA: ops per log record at most")
+    bool_flag("ha_sync_standbys", d.ha_sync_standbys, "HA: stream every op to the standbys and answer a call once "
+              "every in-sync standby holds its ops in memory (else only once the backend's log has them)")
+    flag("ha_sync_timeout_ms", _positive_int, d.ha_sync_timeout_ms,
+         "HA: a standby that has not acknowledged streamed ops for this long leaves the sync set")
+    flag("ha_sync_port", int, d.ha_sync_port, "HA: port of the standbys' stream (0: any free port)")
+    flag("oplog_retain_ops", _positive_int, d.oplog_retain_ops,
+         "HA: the log keeps at least this many of the newest ops (older ones are compacted away)")
+    flag("oplog_compact_interval_sec", float, d.oplog_compact_interval_sec, "HA: seconds between log compactions")
     flag("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR")
     return p
 
@@ -209,7 +217,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[MasterConfig, str]:
         enable_ha=args.enable_ha, ha_backend_type=args.ha_backend_type,
         ha_backend_connstring=args.ha_backend_connstring or args.etcd_endpoints, enable_oplog=args.enable_oplog,
         ha_lease_ttl_sec=args.ha_lease_ttl, oplog_poll_interval_ms=args.oplog_poll_interval_ms,
-        oplog_batch_max_entries=args.oplog_batch_max_entries)
+        oplog_batch_max_entries=args.oplog_batch_max_entries, ha_sync_standbys=args.ha_sync_standbys,
+        ha_sync_timeout_ms=args.ha_sync_timeout_ms, ha_sync_port=args.ha_sync_port,
+        oplog_retain_ops=args.oplog_retain_ops, oplog_compact_interval_sec=args.oplog_compact_interval_sec)
     try:
         cfg.validate()
     except ValueError as e:

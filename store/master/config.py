@@ -81,6 +81,15 @@ class MasterConfig:
     ha_lease_ttl_sec: float = 5.0
     oplog_poll_interval_ms: int = 100
     oplog_batch_max_entries: int = 1024
+    # Synchronous replication to the standbys' memory (standby_sync.py): calls are answered once every in-sync
+    # standby holds their ops (or the log does); a standby silent for ha_sync_timeout_ms leaves the sync set.
+    ha_sync_standbys: bool = True
+    ha_sync_timeout_ms: int = 500
+    ha_sync_port: int = 0
+    # Log compaction (ha.py): every oplog_compact_interval_sec the leader deletes the log's batches before the
+    # newest oplog_retain_ops ops that no standby's stream still needs; a standby left behind takes a snapshot.
+    oplog_retain_ops: int = 100_000
+    oplog_compact_interval_sec: float = 10.0
 
     def snapshot_path(self) -> str:
         return self.snapshot_dir or os.environ.get("MOONCAKE_SNAPSHOT_LOCAL_PATH") or "./mooncake_master_snapshots"
@@ -125,6 +134,10 @@ class MasterConfig:
         check(not self.enable_ha or self.ha_backend_connstring,
               "--enable_ha needs --ha_backend_connstring (or --etcd_endpoints)")
         check(self.ha_lease_ttl_sec >= 1.0, f"--ha_lease_ttl must be >= 1 s, got {self.ha_lease_ttl_sec}")
+        check(0 <= self.ha_sync_port <= 65535, f"--ha_sync_port must be in [0, 65535], got {self.ha_sync_port}")
+        check(self.ha_sync_timeout_ms >= 1, "--ha_sync_timeout_ms must be >= 1")
+        check(self.oplog_retain_ops >= 1 and self.oplog_compact_interval_sec > 0,
+              "--oplog_retain_ops must be >= 1 and --oplog_compact_interval_sec > 0")
         check(self.oplog_poll_interval_ms >= 1 and self.oplog_batch_max_entries >= 1,
               "--oplog_poll_interval_ms and --oplog_batch_max_entries must be >= 1")
         check(self.offloading_queue_limit >= 0,

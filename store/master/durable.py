@@ -337,10 +337,13 @@ class Snapshotter:
         self.last_seq = None
         self.last_time = 0.0
 
-    def take(self) -> str:
-        """Writes one snapshot now; returns its path. The state is taken and the journal rotated in one hold of
-        the service lock; the file is written after it."""
+    def take(self) -> str | None:
+        """Writes one snapshot now; returns its path (None: `when()` did not hold, checked under the service
+        lock). The state is taken and the journal rotated in one hold of the service lock; the file is written
+        after it."""
         with self._svc.lock:
+            if self._when is not None and not self._when():
+                return None
             state = state_locked(self._svc)
             if self._journal is not None:
                 self._journal.rotate(state["seq"])
@@ -353,11 +356,12 @@ class Snapshotter:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            if self._when is not None and not self._when():
-                continue
+        wait = self._interval
+        while not self._stop.wait(wait):
+            wait = self._interval
             try:
-                self.take()
+                if self.take() is None:
+                    wait = min(self._interval, 1.0)  # not now (e.g. a standby ahead of the log): soon again
             except Exception:
                 _log.exception("snapshot failed")
 

@@ -4,18 +4,19 @@ Counters are updated by the service and the RPC layer; gauges (objects, bytes, s
 tasks) are read from the service's ``snapshot()`` at scrape time, so they cost nothing between scrapes.
 Names follow Mooncake's ``master_*`` style (``master_key_count``, ``master_allocated_bytes``, ...).
 
-Threading: prometheus-client metrics are thread-safe; ``count`` may be called with or without the master
-lock held. The state collector calls the snapshot function, which takes the master lock itself.
+Threading: the metrics are thread-safe (the per-call ones are store/common/fast_metrics.py's, without
+locks); ``count`` may be called with or without the master lock held. The state collector calls the snapshot function, which takes the master lock itself.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from mooncake.store.common.errors import code_name
+from mooncake.store.common.fast_metrics import FastCounter, FastHistogram
 
 _LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-3, 12.8e-3, 25.6e-3, 51.2e-3,
                     0.1, 0.2, 0.4, 0.8, 1.6)
@@ -24,20 +25,21 @@ _LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-
 class MasterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("master_requests", "Store operations by kind; batch items count one by one",
-                                ["op"], registry=r)
-        self.failures = Counter("master_request_failures", "Operations answered with an error code",
-                                ["op", "code"], registry=r)
+        # Updated on every call: per-thread cells, no lock (fast_metrics.py)
+        self.requests = FastCounter("master_requests", "Store operations by kind; batch items count one by one",
+                                    ["op"], registry=r)
+        self.failures = FastCounter("master_request_failures", "Operations answered with an error code",
+                                    ["op", "code"], registry=r)
         self.evicted_objects = Counter("master_evicted_objects", "Objects evicted", ["reason"], registry=r)
         self.evicted_bytes = Counter("master_evicted_bytes", "Pool bytes freed by eviction", ["reason"], registry=r)
         self.revoked_puts = Counter("master_revoked_puts", "Puts revoked (by the writer or automatically)",
                                     ["reason"], registry=r)
-        self.leases_granted = Counter("master_leases_granted", "Read leases granted or extended", registry=r)
+        self.leases_granted = FastCounter("master_leases_granted", "Read leases granted or extended", registry=r)
         self.offload_dropped = Counter("master_offload_dropped",
                                        "Offload tasks dropped because the owner's queue was full", registry=r)
         self.expired_clients = Counter("master_expired_clients", "Clients expired for missing pings", registry=r)
-        self.rpc_latency = Histogram("master_rpc_latency_seconds", "Server-side RPC handling time", ["method"],
-                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.rpc_latency = FastHistogram("master_rpc_latency_seconds", "Server-side RPC handling time", ["method"],
+                                         buckets=_LATENCY_BUCKETS, registry=r)
         self._request_children: dict[str, object] = {}
 
     def count(self, op: str, code: int = 0, n: int = 1) -> None:

@@ -194,23 +194,41 @@ def decode_config(v) -> PutConfig:
     return PutConfig(int(v[0]), tuple(v[1]), bool(v[2]), bool(v[3]), int(v[4]))
 
 
+_FIELD_KINDS: dict[type, tuple] = {}  # op class -> ((field name, how it encodes), ...): fields() is slow per call
+
+
+def _field_kinds(cls) -> tuple:
+    kinds = _FIELD_KINDS.get(cls)
+    if kinds is None:
+        def kind(name: str) -> str:
+            if name in ("replicas", "retired"):
+                return "replicas"
+            if name in ("config", "kind"):
+                return name
+            return "time" if name in _TIME_FIELDS else "plain"
+        kinds = _FIELD_KINDS[cls] = tuple((f.name, kind(f.name)) for f in dataclasses.fields(cls))
+    return kinds
+
+
 def encode(op, to_wall: Clock) -> dict:
     """The JSON-able form of `op` (``{"op": name, field: value...}``); times become wall-clock seconds (0 stays
     0: "none")."""
-    out = {"op": type(op).__name__}  # field names never clash with "op" or a log's "lsn"
-    for f in dataclasses.fields(op):
-        v = getattr(op, f.name)
-        if f.name in ("replicas", "retired"):
+    cls = type(op)
+    out = {"op": cls.__name__}  # field names never clash with "op" or a log's "lsn"
+    for name, kind in _field_kinds(cls):
+        v = getattr(op, name)
+        if kind == "plain":
+            if isinstance(v, tuple):
+                v = [list(e) if isinstance(e, tuple) else e for e in v]
+        elif kind == "replicas":
             v = _enc_replicas(v)
-        elif f.name == "config":
+        elif kind == "config":
             v = encode_config(v)
-        elif f.name == "kind":
+        elif kind == "kind":
             v = int(v)
-        elif f.name in _TIME_FIELDS:
+        else:
             v = to_wall(v) if v else 0.0
-        elif isinstance(v, tuple):
-            v = [list(e) if isinstance(e, tuple) else e for e in v]
-        out[f.name] = v
+        out[name] = v
     return out
 
 
