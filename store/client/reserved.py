@@ -105,7 +105,8 @@ class ReservedPuts:
         if block is None:
             return None
         if not self._write_one(block, size, source, registered):
-            self._give_back(pref, block)  # nothing committed: the space is reused by the next put
+            # A failed (or timed-out) write may still land later: never write into this block again.
+            self._release(block)
             return _TRANSFER_FAIL
         sent = time.monotonic()
         reply = core._rpc("PutReserved", reservation_id=block.rid, key=key, size=size, address=block.cursor,
@@ -134,6 +135,14 @@ class ReservedPuts:
         if len(source) != 1 or core._is_mine(seg) or engine is None or seg.segment_name == core._segment_name:
             pinned = core._pin(source, registered, not core._is_mine(seg), write_out=False)
             return pinned is not None and core._move_contiguous(seg, block.cursor, *pinned, write=True)
+        if not core._enter():  # close waits for this write before it unmaps what it touches
+            return False
+        try:
+            return self._write_one_guarded(core, engine, seg, block, source, registered)
+        finally:
+            core._leave()
+
+    def _write_one_guarded(self, core, engine, seg, block: _Block, source: list, registered: bool) -> bool:
         addr, n = source[0]
         staged = None
         if not registered:
@@ -143,14 +152,14 @@ class ReservedPuts:
                 return pinned is not None and core._move_contiguous(seg, block.cursor, *pinned, write=True)
             ctypes.memmove(staged, addr, n)
             addr = staged
-        try:
-            rc = engine.transfer_sync_write(seg.segment_name, addr, block.cursor, n)
-        finally:
-            if staged is not None:
-                core._staging.free(staged)
+        rc = engine.transfer_sync_write(seg.segment_name, addr, block.cursor, n)
         if rc != 0:
-            _log.warning("transfer to segment %s failed (rc %d)", seg.segment_name, rc)
-        return rc == 0
+            # The write may still be in flight: its staging is not reused (leaked, bounded by failures).
+            _log.warning("transfer to segment %s failed (rc %d); its staging is kept aside", seg.segment_name, rc)
+            return False
+        if staged is not None:
+            core._staging.free(staged)
+        return True
 
     def put_batch(self, keys: list[str], sizes: list[int], sources: list, registered: bool, config
                   ) -> list[int] | None:

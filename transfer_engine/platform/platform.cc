@@ -139,4 +139,28 @@ MemoryKind PlatformRegistry::Classify(const void* ptr) const {
   return MemoryKind{};
 }
 
+std::shared_ptr<Platform> PlatformRegistry::OwnerOf(const void* ptr, MemoryType type) const {
+  if (ptr == nullptr || type == MemoryType::kHost || type == MemoryType::kFile || type == MemoryType::kCxl) {
+    return nullptr;
+  }
+  for (const auto& p : All()) {
+    if (p->device_type() != type || !p->Probe().usable) continue;
+    std::optional<MemoryKind> kind = p->Classify(ptr);
+    if (kind && kind->type == type) return p;
+  }
+  return nullptr;
+}
+
+StatusOr<DeviceLocality> PlatformRegistry::Locality(const MemoryKind& kind) const {
+  if (!kind.is_device() || kind.device < 0) {
+    return Status(ErrorCode::kInvalidArgument, "no device locality for " + kind.ToString() + " memory");
+  }
+  std::shared_ptr<Platform> p = ForType(kind.type);
+  if (!p) {
+    return Status(ErrorCode::kDeviceNotFound,
+                  std::string("no usable platform serves ") + MemoryTypeName(kind.type) + " memory");
+  }
+  return p->Locality(kind.device);
+}
+
 }  // namespace mooncake::te

@@ -52,6 +52,20 @@ enum class AllocationKind : uint8_t {
   kShareable,       ///< device memory exportable to other processes (VMM with a shareable handle)
 };
 
+/// A dma-buf exported by Platform::ExportDmabuf: `fd` is a dma-buf file descriptor of this process whose byte
+/// `offset` is the first byte of the exported range (the dma-buf may start before it and end after it, rounded
+/// to pages).
+struct DmabufExport {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+
+/// Where a device sits on this host: its NUMA node and PCI address, as far as known.
+struct DeviceLocality {
+  int numa_node = -1;      ///< -1: unknown (no NUMA, or the platform cannot tell)
+  std::string pci_bus_id;  ///< "0000:3b:00.0" (domain:bus:device.function, lower-case hex); empty: unknown
+};
+
 /// A copy started by Platform::CopyAsync. Wait blocks until done; thread-safe.
 class CopyCompletion {
  public:
@@ -126,6 +140,28 @@ class Platform {
   virtual Status DestroyStream(void* /*stream*/) {
     return Status(ErrorCode::kNotImplemented, name() + " platform has no streams");
   }
+
+  /// A dma-buf for [ptr, ptr+length), which must lie in one device allocation of this platform, for RDMA NICs
+  /// to register (ibv_reg_dmabuf_mr) without a peer-memory kernel module.
+  /// Ownership: the returned fd is the caller's, who closes it; closing it does not free or unmap the memory,
+  /// and a NIC registration made from it keeps its own reference to the dma-buf. The dma-buf stays valid while
+  /// the allocation lives (the caller must not use it past the allocation's Free).
+  /// Thread-safe; may be called on any thread (the calling thread's current context, if any, is kept).
+  /// Errors (nothing is leaked): kInvalidArgument for a null pointer, zero length, or a range that is not in one
+  /// device allocation; kNotImplemented where the platform or its driver cannot export dma-bufs (these
+  /// defaults, a driver without the entry point, a device without dma-buf support), with the reason;
+  /// kDeviceNotFound for an unusable platform; the vendor's error else.
+  virtual StatusOr<DmabufExport> ExportDmabuf(const void* /*ptr*/, size_t /*length*/) {
+    return Status(ErrorCode::kNotImplemented, name() + " platform cannot export dma-bufs");
+  }
+
+  /// The NUMA node and PCI address of device `device` (an ordinal of this platform). Fields the platform cannot
+  /// tell stay unknown (-1 / empty); that is not an error. Cheap after the first call for a device; thread-safe.
+  /// Errors: kDeviceNotFound for a device this process does not have or an unusable platform; kNotImplemented
+  /// where the platform has no devices (these defaults: cpu).
+  virtual StatusOr<DeviceLocality> Locality(int /*device*/) {
+    return Status(ErrorCode::kNotImplemented, name() + " platform has no devices with a locality");
+  }
 };
 
 /// The process-wide set of platforms: "cpu" always; others registered statically (alwayslink) or by plugins.
@@ -147,6 +183,13 @@ class PlatformRegistry {
   /// Asks every usable non-host platform in registration order; host (NUMA node unknown) when none claims the
   /// pointer (also for null).
   MemoryKind Classify(const void* ptr) const;
+  /// The first usable platform of memory type `type` that classifies `ptr` as its device memory (the one that
+  /// can export it, e.g. with ExportDmabuf); null when none (also for host types).
+  std::shared_ptr<Platform> OwnerOf(const void* ptr, MemoryType type) const;
+  /// The locality of device memory kind `kind` (ForType(kind.type)->Locality(kind.device)): what transports
+  /// use to prefer NICs near a device. kInvalidArgument for a host kind; kDeviceNotFound when no usable
+  /// platform serves the type; the platform's error else.
+  StatusOr<DeviceLocality> Locality(const MemoryKind& kind) const;
 
  private:
   mutable std::mutex mu_;

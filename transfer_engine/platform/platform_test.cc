@@ -167,5 +167,37 @@ TEST(PlatformTest, CopyAsyncWithoutAStreamAsksForThePlatformsOwn) {
   EXPECT_EQ(fake.last_stream, &stream);
 }
 
+TEST(PlatformTest, DmabufAndLocalityDefaultToNotImplemented) {
+  char a[4] = {};
+  FakeDevicePlatform fake("fake_defaults", true, a, sizeof(a));
+  Platform& p = fake;
+  StatusOr<DmabufExport> d = p.ExportDmabuf(a, 4);
+  EXPECT_EQ(d.status().code(), ErrorCode::kNotImplemented);
+  EXPECT_NE(d.status().message().find("fake_defaults"), std::string::npos) << d.status().message();
+  EXPECT_EQ(p.Locality(0).status().code(), ErrorCode::kNotImplemented);
+  std::shared_ptr<Platform> cpu = PlatformRegistry::Get().Find("cpu");
+  EXPECT_EQ(cpu->ExportDmabuf(a, 4).status().code(), ErrorCode::kNotImplemented);
+}
+
+TEST(PlatformRegistryTest, OwnerOfAndLocalityAskTheServingPlatform) {
+  auto& reg = PlatformRegistry::Get();
+  static char owned[64];
+  static char unusable[64];
+  auto usable = std::make_shared<FakeDevicePlatform>("fake_owner", true, owned, sizeof(owned));
+  reg.Register(usable);
+  reg.Register(std::make_shared<FakeDevicePlatform>("fake_owner_off", false, unusable, sizeof(unusable)));
+  EXPECT_EQ(reg.OwnerOf(owned + 3, MemoryType::kRocm), usable);
+  EXPECT_EQ(reg.OwnerOf(owned + 3, MemoryType::kCuda), nullptr);  // another type
+  EXPECT_EQ(reg.OwnerOf(unusable, MemoryType::kRocm), nullptr);   // its platform is not usable
+  EXPECT_EQ(reg.OwnerOf(nullptr, MemoryType::kRocm), nullptr);
+  EXPECT_EQ(reg.OwnerOf(owned, MemoryType::kHost), nullptr);
+  // The fake has no locality: the registry passes the platform's answer on.
+  EXPECT_EQ(reg.Locality(MemoryKind{MemoryType::kRocm, 2}).status().code(), ErrorCode::kNotImplemented);
+  EXPECT_EQ(reg.Locality(MemoryKind{MemoryType::kHost, -1}).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(reg.Locality(MemoryKind{MemoryType::kMusa, 0}).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_TRUE(reg.Unregister("fake_owner"));
+  EXPECT_TRUE(reg.Unregister("fake_owner_off"));
+}
+
 }  // namespace
 }  // namespace mooncake::te

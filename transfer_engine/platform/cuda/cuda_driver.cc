@@ -117,6 +117,9 @@ StatusOr<std::shared_ptr<const Driver>> Driver::Load(const std::vector<std::stri
   resolve(a.cuEventQuery, "cuEventQuery", 2000);
   resolve(a.cuEventSynchronize, "cuEventSynchronize", 2000);
   resolve(a.cuEventDestroy, "cuEventDestroy", 4000);
+  std::string why_optional;  // an optional entry point the driver lacks stays null
+  a.cuMemGetHandleForAddressRange = reinterpret_cast<PFN_cuMemGetHandleForAddressRange_v11070>(
+      proc.Get("cuMemGetHandleForAddressRange", 11070, &why_optional));
   if (!missing.empty()) {
     dlclose(lib);
     return Status(ErrorCode::kDeviceNotFound, loaded + " lacks an entry point the platform needs: " + missing);

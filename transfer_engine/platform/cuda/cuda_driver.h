@@ -58,6 +58,8 @@ struct DriverApi {
   PFN_cuEventQuery_v2000 cuEventQuery = nullptr;
   PFN_cuEventSynchronize_v2000 cuEventSynchronize = nullptr;
   PFN_cuEventDestroy_v4000 cuEventDestroy = nullptr;
+  // Optional entry points: null when the driver lacks them (Load does not fail); callers check.
+  PFN_cuMemGetHandleForAddressRange_v11070 cuMemGetHandleForAddressRange = nullptr;  ///< dma-buf export (11.7+)
 };
 
 /// The default sonames, in the order tried.
@@ -70,7 +72,7 @@ class Driver {
   /// dlopens the first of `sonames` that loads (RTLD_NOW | RTLD_LOCAL) and resolves the table. Errors
   /// (kDeviceNotFound) say exactly why: the dlerror() text of the first soname ("libcuda.so.1: cannot open
   /// shared object file: No such file or directory"), a missing cuGetProcAddress, or the first entry point the
-  /// driver does not provide. Does not call cuInit.
+  /// driver does not provide (the optional ones of DriverApi excepted: they stay null). Does not call cuInit.
   static StatusOr<std::shared_ptr<const Driver>> Load(const std::vector<std::string>& sonames);
 
   const DriverApi& api() const { return api_; }

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -14,6 +16,7 @@
 #include "transfer_engine/platform/cuda/cuda_driver.h"
 #include "transfer_engine/platform/cuda/cuda_ipc_handle.h"
 #include "transfer_engine/platform/util/remote_fd.h"
+#include "transfer_engine/platform/util/sysfs.h"
 #include "transfer_engine/plugin/plugin.h"
 
 namespace mooncake::te {
@@ -134,7 +137,8 @@ class EventCompletion final : public CopyCompletion {
 class CudaPlatform final : public Platform {
  public:
   CudaPlatform() : CudaPlatform(cuda::DefaultDriverSonames()) {}
-  explicit CudaPlatform(std::vector<std::string> sonames) : sonames_(std::move(sonames)) {}
+  explicit CudaPlatform(std::vector<std::string> sonames, std::string sysfs_root = "/sys")
+      : sonames_(std::move(sonames)), sysfs_root_(std::move(sysfs_root)) {}
 
   std::string name() const override { return "cuda"; }
   MemoryType device_type() const override { return MemoryType::kCuda; }
@@ -281,6 +285,83 @@ class CudaPlatform final : public Platform {
     h.device = kind->device;
     h.offset = addr - static_cast<uintptr_t>(range_base);
     return h.Encode();
+  }
+
+  StatusOr<DmabufExport> ExportDmabuf(const void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(Init());
+    if (ptr == nullptr || length == 0) {
+      return InvalidArgument("cuda: ExportDmabuf needs a non-null address and length");
+    }
+    const auto& api = driver_->api();
+    if (api.cuMemGetHandleForAddressRange == nullptr) {
+      return Status(ErrorCode::kNotImplemented, "cuda: " + driver_->soname() +
+                                                    " has no cuMemGetHandleForAddressRange (dma-buf export needs a "
+                                                    "CUDA 11.7 or newer driver)");
+    }
+    std::optional<MemoryKind> kind = Classify(ptr);
+    if (!kind || kind->type != MemoryType::kCuda) {
+      return InvalidArgument("cuda: " + Addr(ptr) + " is not CUDA device memory");
+    }
+    ContextScope scope(api);
+    MC_RETURN_IF_ERROR(EnterDevice(kind->device));
+    CUdevice dev = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGet(&dev, kind->device), "cuDeviceGet"));
+    int supported = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev),
+                             "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)"));
+    if (supported == 0) {
+      return Status(ErrorCode::kNotImplemented, "cuda: device " + std::to_string(kind->device) +
+                                                    " does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED "
+                                                    "is 0: it needs the open GPU kernel modules and Linux 5.12+)");
+    }
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+    CUdeviceptr range_base = 0;
+    size_t size = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuMemGetAddressRange(&range_base, &size, Dptr(ptr)), "cuMemGetAddressRange",
+                             ErrorCode::kInvalidArgument));
+    MC_RETURN_IF_ERROR(CheckInside(addr, length, static_cast<uintptr_t>(range_base), size));
+    // CUDA wants the range aligned to the host page size: the dma-buf covers the pages holding the range.
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = addr / page * page;
+    const uintptr_t end = platform_util::RoundUp(addr + length, page);
+    int fd = -1;
+    CUresult r = api.cuMemGetHandleForAddressRange(&fd, static_cast<CUdeviceptr>(begin), end - begin,
+                                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    MC_RETURN_IF_ERROR(Check(r, "cuMemGetHandleForAddressRange(" + Range(begin, end - begin) + ")",
+                             r == CUDA_ERROR_NOT_SUPPORTED ? ErrorCode::kNotImplemented : ErrorCode::kMemory));
+    if (fd < 0) return Status(ErrorCode::kMemory, "cuda: cuMemGetHandleForAddressRange returned no fd");
+    return DmabufExport{fd, static_cast<uint64_t>(addr - begin)};
+  }
+
+  StatusOr<DeviceLocality> Locality(int device) override {
+    MC_RETURN_IF_ERROR(Init());
+    if (device < 0 || device >= device_count_) {
+      return Status(ErrorCode::kDeviceNotFound, "cuda: no device " + std::to_string(device) + " (this process has " +
+                                                    std::to_string(device_count_) + ")");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (const auto& known = localities_[static_cast<size_t>(device)]) return *known;
+    }
+    const auto& api = driver_->api();
+    CUdevice dev = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGet(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")"));
+    int domain = 0, bus = 0, slot = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGetAttribute(&domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev),
+                             "cuDeviceGetAttribute(PCI_DOMAIN_ID)"));
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev),
+                             "cuDeviceGetAttribute(PCI_BUS_ID)"));
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev),
+                             "cuDeviceGetAttribute(PCI_DEVICE_ID)"));
+    DeviceLocality loc;
+    char id[32];
+    snprintf(id, sizeof(id), "%04x:%02x:%02x.0", static_cast<unsigned>(domain), static_cast<unsigned>(bus),
+             static_cast<unsigned>(slot));
+    loc.pci_bus_id = id;
+    loc.numa_node = platform_util::ReadNumaNode(sysfs_root_ + "/bus/pci/devices/" + loc.pci_bus_id + "/numa_node");
+    std::lock_guard<std::mutex> lock(mu_);
+    localities_[static_cast<size_t>(device)] = loc;
+    return loc;
   }
 
   StatusOr<void*> ImportIpc(const std::string& handle, int owner_pid, size_t length) override {
@@ -455,6 +536,7 @@ class CudaPlatform final : public Platform {
       device_count_ = count;
       contexts_.assign(static_cast<size_t>(count), nullptr);
       streams_.assign(static_cast<size_t>(count), nullptr);
+      localities_.assign(static_cast<size_t>(count), std::nullopt);
       probe_.usable = true;
       probe_.device_count = count;
       probe_.reason = driver + ", " + std::to_string(count) + " device(s)";
@@ -652,16 +734,18 @@ class CudaPlatform final : public Platform {
   }
 
   const std::vector<std::string> sonames_;
+  const std::string sysfs_root_;           // where Locality reads PCI devices' numa_node ("/sys")
   std::once_flag init_once_;
   PlatformProbe probe_;                    // written once by Init
   std::shared_ptr<const Driver> driver_;   // set by Init when usable
   int device_count_ = 0;                   // written once by Init
 
-  std::mutex mu_;  // allocations_, contexts_, streams_, created_streams_
+  std::mutex mu_;  // allocations_, contexts_, streams_, created_streams_, localities_
   std::map<uintptr_t, Allocation> allocations_;
   std::vector<CUcontext> contexts_;
   std::vector<CUstream> streams_;               // the platform's own, per device
   std::map<CUstream, int> created_streams_;     // CreateStream's, alive -> device
+  std::vector<std::optional<DeviceLocality>> localities_;  // per device, once Locality found it
 
   std::mutex import_mu_;  // mappings_, imports_
   std::map<std::string, Mapping> mappings_;  // handle of the whole allocation -> its mapping
@@ -678,6 +762,10 @@ std::shared_ptr<Platform> MakeCudaPlatform() { return std::make_shared<CudaPlatf
 
 std::shared_ptr<Platform> MakeCudaPlatform(std::vector<std::string> driver_sonames) {
   return std::make_shared<CudaPlatform>(std::move(driver_sonames));
+}
+
+std::shared_ptr<Platform> MakeCudaPlatform(std::vector<std::string> driver_sonames, std::string sysfs_root) {
+  return std::make_shared<CudaPlatform>(std::move(driver_sonames), std::move(sysfs_root));
 }
 
 }  // namespace mooncake::te

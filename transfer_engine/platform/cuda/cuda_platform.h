@@ -40,12 +40,22 @@ namespace mooncake::te {
 /// - CreateStream: cuStreamCreate(CU_STREAM_NON_BLOCKING) in `device`'s primary context; DestroyStream:
 ///   cuStreamDestroy (returns at once; the driver finishes the stream's enqueued work first). Only streams this
 ///   platform created are accepted (kInvalidArgument otherwise).
+/// - ExportDmabuf: cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) of the host pages holding
+///   the range (CUDA wants page-aligned ranges; the offset says where the range starts in the dma-buf), in the
+///   range's device context. The range must lie in one allocation (cuMemGetAddressRange). kNotImplemented when
+///   the driver lacks the entry point (older than 11.7), the device reports no CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+///   or the driver answers CUDA_ERROR_NOT_SUPPORTED.
+/// - Locality: the PCI address from cuDeviceGetAttribute (PCI_DOMAIN_ID, PCI_BUS_ID, PCI_DEVICE_ID; function 0)
+///   and the NUMA node from <sysfs>/bus/pci/devices/<address>/numa_node (-1 when absent or negative); cached.
 /// Thread-safe. Allocations and imports still held when the platform is destroyed are not released (the
 /// driver may already be shutting down at exit).
 std::shared_ptr<Platform> MakeCudaPlatform();
 
 /// The same, loading the driver from `driver_sonames` (tried in order) instead of libcuda.so.1, libcuda.so.
 std::shared_ptr<Platform> MakeCudaPlatform(std::vector<std::string> driver_sonames);
+
+/// The same, with Locality reading PCI devices under `sysfs_root` instead of /sys (tests).
+std::shared_ptr<Platform> MakeCudaPlatform(std::vector<std::string> driver_sonames, std::string sysfs_root);
 
 }  // namespace mooncake::te
 

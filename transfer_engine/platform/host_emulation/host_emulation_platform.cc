@@ -12,6 +12,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "transfer_engine/common/checked_copy.h"
 #include "transfer_engine/common/format.h"
@@ -73,10 +75,13 @@ class HostEmulationPlatform final : public Platform {
  public:
   /// The registered (plugin) form: enabled only when MC_PLATFORM_EMULATION=1.
   HostEmulationPlatform() : HostEmulationPlatform(kDefaultDeviceCount, HostEmulationRequestedByEnv()) {}
-  HostEmulationPlatform(int device_count, bool enabled)
+  HostEmulationPlatform(int device_count, bool enabled, std::vector<DeviceLocality> locality = {})
       : device_count_(device_count < 1 ? 1 : device_count),
         enabled_(enabled),
-        worker_(std::make_unique<CopyWorker>()) {}
+        locality_(std::move(locality)),
+        worker_(std::make_unique<CopyWorker>()) {
+    locality_.resize(static_cast<size_t>(device_count_));
+  }
 
   ~HostEmulationPlatform() override {
     streams_.clear();  // each runs the copies already queued on it: they may touch the regions below
@@ -191,6 +196,35 @@ class HostEmulationPlatform final : public Platform {
     h.length = length;
     h.device = r->device;
     return h.Encode();
+  }
+
+  StatusOr<DmabufExport> ExportDmabuf(const void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    if (ptr == nullptr || length == 0) {
+      return InvalidArgument("host_emulation: ExportDmabuf needs a non-null address and length");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    const Region* r = Find(addr);
+    if (r == nullptr || r->origin != Region::Origin::kDevice) {
+      return InvalidArgument("host_emulation: " + Addr(ptr) + " is not in a device allocation of this platform" +
+                             (r != nullptr ? " (pinned host memory or an IPC import)" : ""));
+    }
+    const auto base = reinterpret_cast<uintptr_t>(r->map_base);
+    if (length > r->length - (addr - base)) {
+      return InvalidArgument("host_emulation: " + Range(addr, length) + " runs past its allocation " +
+                             Range(base, r->length));
+    }
+    // The emulation's "dma-buf" is the allocation's memfd (mapped from its byte 0), duplicated for the caller.
+    const int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return Errno(ErrorCode::kMemory, "dup of the allocation's memfd");
+    return DmabufExport{fd, static_cast<uint64_t>(addr - base)};
+  }
+
+  StatusOr<DeviceLocality> Locality(int device) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    MC_RETURN_IF_ERROR(CheckDevice(device, false));
+    return locality_[static_cast<size_t>(device)];
   }
 
   StatusOr<void*> ImportIpc(const std::string& handle, int owner_pid, size_t length) override {
@@ -325,6 +359,7 @@ class HostEmulationPlatform final : public Platform {
 
   const int device_count_;
   const bool enabled_;
+  std::vector<DeviceLocality> locality_;  // per device (device_count_ entries); immutable after construction
   std::mutex mu_;
   std::map<uintptr_t, Region> regions_;  // user-visible address -> region
   std::unique_ptr<CopyWorker> worker_;   // the platform's own stream
@@ -350,6 +385,10 @@ bool HostEmulationRequestedByEnv() {
 
 std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count) {
   return std::make_shared<HostEmulationPlatform>(device_count, true);
+}
+
+std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count, std::vector<DeviceLocality> locality) {
+  return std::make_shared<HostEmulationPlatform>(device_count, true, std::move(locality));
 }
 
 }  // namespace mooncake::te

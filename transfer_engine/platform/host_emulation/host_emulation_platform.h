@@ -2,6 +2,7 @@
 #define MOONCAKE_TRANSFER_ENGINE_PLATFORM_HOST_EMULATION_HOST_EMULATION_PLATFORM_H_
 
 #include <memory>
+#include <vector>
 
 #include "transfer_engine/platform/platform.h"
 
@@ -35,6 +36,11 @@ inline constexpr const char kPlatformEmulationEnv[] = "MC_PLATFORM_EMULATION";
 ///   an opaque address of this process. DestroyStream runs the copies already queued on it, then ends its thread
 ///   (it blocks until they have run).
 ///
+/// - ExportDmabuf: for a range of one of its device allocations, a dup of the allocation's memfd (the
+///   emulation's stand-in for a dma-buf; the caller closes it) and the range's offset in it; kInvalidArgument
+///   for anything else (pinned host memory, IPC imports, ranges past the allocation).
+/// - Locality: as configured at creation (MakeHostEmulationPlatform's `locality`), else unknown (-1, "").
+///
 /// Enabling: never silently. The instance the library registers (linked in, or loaded as a plugin) is enabled
 /// only when MC_PLATFORM_EMULATION=1 when it is created; otherwise its Probe says unusable (so the registry
 /// neither classifies with it nor returns it from ForType) and every call fails with kDeviceNotFound saying how
@@ -42,6 +48,8 @@ inline constexpr const char kPlatformEmulationEnv[] = "MC_PLATFORM_EMULATION";
 /// replaces the disabled one).
 /// Thread-safe. Destruction runs the copies already queued, then unmaps what is still allocated or imported.
 std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count = 2);
+/// The same, with device i's Locality answered by locality[i] (devices beyond the vector: unknown).
+std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count, std::vector<DeviceLocality> locality);
 
 /// Whether MC_PLATFORM_EMULATION=1.
 bool HostEmulationRequestedByEnv();

@@ -403,5 +403,54 @@ TEST(EmulationHandleTest, RoundTripAndRejects) {
   }
 }
 
+TEST(HostEmulationTest, ExportDmabufDuplicatesTheAllocationsMemfdAtTheRangesOffset) {
+  auto p = MakeHostEmulationPlatform(2);
+  const size_t len = 3 * 4096 + 100;
+  auto dev = p->Allocate(len, AllocationKind::kDevice, 1);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  char* base = static_cast<char*>(*dev);
+  memcpy(base + 5000, "dmabuf", 6);
+  auto d = p->ExportDmabuf(base + 5000, 6);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->offset, 5000u);
+  // A real fd of its own: the bytes at `offset` are the range's, and it outlives the allocation's Free.
+  char got[6] = {};
+  ASSERT_EQ(pread(d->fd, got, sizeof(got), static_cast<off_t>(d->offset)), 6);
+  EXPECT_EQ(std::string(got, 6), "dmabuf");
+  EXPECT_TRUE(p->Free(*dev, len, AllocationKind::kDevice).ok());
+  EXPECT_EQ(fcntl(d->fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  EXPECT_EQ(close(d->fd), 0);
+
+  auto again = p->Allocate(8192, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(again.ok());
+  char* a = static_cast<char*>(*again);
+  EXPECT_EQ(p->ExportDmabuf(a + 4096, 8192).status().code(), ErrorCode::kInvalidArgument);  // past the end
+  EXPECT_EQ(p->ExportDmabuf(a, 0).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(p->ExportDmabuf(nullptr, 16).status().code(), ErrorCode::kInvalidArgument);
+  int on_stack = 0;
+  EXPECT_EQ(p->ExportDmabuf(&on_stack, 4).status().code(), ErrorCode::kInvalidArgument);
+  auto pinned = p->Allocate(4096, AllocationKind::kPinnedHost, -1);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ(p->ExportDmabuf(*pinned, 16).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(p->Free(*pinned, 4096, AllocationKind::kPinnedHost).ok());
+  EXPECT_TRUE(p->Free(*again, 8192, AllocationKind::kDevice).ok());
+}
+
+TEST(HostEmulationTest, LocalityIsAsConfigured) {
+  auto p = MakeHostEmulationPlatform(3, {DeviceLocality{1, "0000:3b:00.0"}, DeviceLocality{0, "0000:af:00.0"}});
+  auto d0 = p->Locality(0);
+  ASSERT_TRUE(d0.ok()) << d0.status().ToString();
+  EXPECT_EQ(d0->numa_node, 1);
+  EXPECT_EQ(d0->pci_bus_id, "0000:3b:00.0");
+  EXPECT_EQ(p->Locality(1)->numa_node, 0);
+  auto unknown = p->Locality(2);  // not configured: unknown, not an error
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->numa_node, -1);
+  EXPECT_EQ(unknown->pci_bus_id, "");
+  EXPECT_EQ(p->Locality(3).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(p->Locality(-1).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(MakeHostEmulationPlatform(1)->Locality(0)->numa_node, -1);
+}
+
 }  // namespace
 }  // namespace mooncake::te

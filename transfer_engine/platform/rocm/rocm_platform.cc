@@ -212,6 +212,15 @@ class RocmPlatform final : public gpu::GpuPlatform {
   RocmPlatform() : RocmPlatform(DefaultSonames()) {}
   explicit RocmPlatform(std::vector<std::string> sonames)
       : GpuPlatform("rocm", MemoryType::kRocm, std::make_unique<HipRuntime>(std::move(sonames))) {}
+
+  // dma-buf export on ROCm is an HSA call (hsa_amd_portable_export_dmabuf); this platform loads HIP only.
+  StatusOr<DmabufExport> ExportDmabuf(const void* /*ptr*/, size_t /*length*/) override {
+    PlatformProbe probe = Probe();
+    if (!probe.usable) return Status(ErrorCode::kDeviceNotFound, "rocm platform unusable: " + probe.reason);
+    return Status(ErrorCode::kNotImplemented,
+                  "rocm: dma-buf export needs hsa_amd_portable_export_dmabuf (libhsa-runtime64), which this "
+                  "platform does not load (it loads HIP only); ROCm memory reaches RDMA NICs through peer memory");
+  }
 };
 
 }  // namespace

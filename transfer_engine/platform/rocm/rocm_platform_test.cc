@@ -33,6 +33,10 @@ TEST(RocmPlatformTest, WithoutTheRuntimeSaysExactlyWhy) {
   EXPECT_EQ(p->ImportIpc("x", getpid(), 4).status().code(), ErrorCode::kDeviceNotFound);
   EXPECT_EQ(p->CloseIpc(&x, 4).code(), ErrorCode::kDeviceNotFound);
   EXPECT_EQ(p->CopyAsync(&x, &x, 4, 0).status().code(), ErrorCode::kDeviceNotFound);
+  auto dmabuf = p->ExportDmabuf(&x, 4);
+  EXPECT_EQ(dmabuf.status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_NE(dmabuf.status().message().find("libamdhip64.so.*: not found"), std::string::npos)
+      << dmabuf.status().ToString();
 }
 
 TEST(RocmPlatformTest, ALibraryWithoutTheEntryPointsIsNamed) {

@@ -1,7 +1,7 @@
 // A FAKE CUDA driver for the cuda platform's tests on machines without a GPU: a shared library that exports
 // cuGetProcAddress_v2 (or, built with -DFAKE_CUDA_V1_ONLY, only cuGetProcAddress), like libcuda's entry, plus
 // test hooks (fake_cuda_stream_ops, fake_cuda_stream_flags, fake_cuda_live_streams, fake_cuda_last_event_flags,
-// fake_cuda_primary_retains, below), and implements the entry points the
+// fake_cuda_primary_retains, fake_cuda_last_dmabuf, below), and implements the entry points the
 // platform resolves on host memory. It is not CUDA; it checks the platform's discipline as the real driver would:
 // cuInit first, a current context (per thread) for allocations, streams and events, copies and events only on
 // streams cuStreamCreate made (or the default streams CU_STREAM_LEGACY / CU_STREAM_PER_THREAD), with the
@@ -16,7 +16,8 @@
 // Knobs (environment, read at cuInit): FAKE_CUDA_DEVICES (default 2), FAKE_CUDA_INIT_RESULT (cuInit's result,
 // default 0), FAKE_CUDA_MISSING (an entry point reported as absent), FAKE_CUDA_EVENT_PENDING (how many
 // cuEventQuery calls answer CUDA_ERROR_NOT_READY before success), FAKE_CUDA_POINTER_NEEDS_CONTEXT (when 1,
-// cuPointerGetAttribute(s) answer CUDA_ERROR_INVALID_CONTEXT on a thread with no current context).
+// cuPointerGetAttribute(s) answer CUDA_ERROR_INVALID_CONTEXT on a thread with no current context),
+// FAKE_CUDA_NO_DMABUF (when 1, devices report no dma-buf support).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <fcntl.h>
@@ -40,6 +41,8 @@ struct Region {
   int device;
   int fd;          // cuMemAlloc memory: its memfd (for IPC); -1 otherwise
   bool ipc_mapped; // opened by cuIpcOpenMemHandle
+  int backing = -1;           // the memfd the range is mapped from (cuMemAlloc, cuMemMap); -1: none
+  size_t backing_offset = 0;  // the range's first byte in it
 };
 
 struct Vmm {
@@ -66,6 +69,9 @@ bool initialized = false;
 int devices = 2;
 int event_pending = 0;
 bool pointer_needs_context = false;
+bool no_dmabuf = false;
+CUdeviceptr last_dmabuf_ptr = 0;  // the last successful cuMemGetHandleForAddressRange's range
+size_t last_dmabuf_size = 0;
 std::map<int, int> primary_retains;  // device -> cuDevicePrimaryCtxRetain calls
 std::string missing;
 std::map<uintptr_t, Region> regions;
@@ -99,6 +105,7 @@ CUresult FakeInit(unsigned int flags) {
   devices = EnvInt("FAKE_CUDA_DEVICES", 2);
   event_pending = EnvInt("FAKE_CUDA_EVENT_PENDING", 0);
   pointer_needs_context = EnvInt("FAKE_CUDA_POINTER_NEEDS_CONTEXT", 0) == 1;
+  no_dmabuf = EnvInt("FAKE_CUDA_NO_DMABUF", 0) == 1;
   initialized = true;
   return CUDA_SUCCESS;
 }
@@ -120,6 +127,7 @@ CUresult FakeGetErrorName(CUresult r, const char** s) {
     case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return CUDA_SUCCESS;
     case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return CUDA_SUCCESS;
     case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -148,9 +156,18 @@ CUresult FakeDeviceGet(CUdevice* d, int ordinal) {
   return CUDA_SUCCESS;
 }
 
-CUresult FakeDeviceGetAttribute(int* v, CUdevice_attribute, CUdevice) {
-  *v = 0;
-  return Ready(false);
+// PCI address of device d: domain 0, bus 0x3b + d, device 0; dma-buf supported unless FAKE_CUDA_NO_DMABUF=1.
+CUresult FakeDeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice d) {
+  if (CUresult r = Ready(false)) return r;
+  if (d < 0 || d >= devices) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = 0x3b + d; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: *v = no_dmabuf ? 0 : 1; break;
+    default: *v = 0; break;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult FakePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
@@ -222,7 +239,7 @@ CUresult FakeMemAlloc(CUdeviceptr* out, size_t size) {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> lock(mu);
-  regions[reinterpret_cast<uintptr_t>(p)] = Region{size, CU_MEMORYTYPE_DEVICE, current, fd, false};
+  regions[reinterpret_cast<uintptr_t>(p)] = Region{size, CU_MEMORYTYPE_DEVICE, current, fd, false, fd, 0};
   *out = reinterpret_cast<uintptr_t>(p);
   return CUDA_SUCCESS;
 }
@@ -309,7 +326,7 @@ CUresult FakeMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllo
                  static_cast<off_t>(offset));
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> lock(mu);
-  regions[va] = Region{size, CU_MEMORYTYPE_DEVICE, v->device, -1, false};
+  regions[va] = Region{size, CU_MEMORYTYPE_DEVICE, v->device, -1, false, v->fd, offset};
   return CUDA_SUCCESS;
 }
 
@@ -387,6 +404,35 @@ CUresult FakeIpcClose(CUdeviceptr ptr) {
   if (it == regions.end() || !it->second.ipc_mapped) return CUDA_ERROR_INVALID_VALUE;
   munmap(reinterpret_cast<void*>(it->first), it->second.size);
   regions.erase(it);
+  return CUDA_SUCCESS;
+}
+
+// As CUDA documents it: a dma-buf fd for [dptr, dptr+size) of one device allocation (cuMemAlloc, or a fully
+// mapped cuMemMap range), dptr and size aligned to the host page size, flags 0 or
+// CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE; CUDA_ERROR_NOT_SUPPORTED where the device has no dma-buf support
+// (FAKE_CUDA_NO_DMABUF=1) or for IPC-mapped memory. The fd is a dup of the memfd behind the allocation (a
+// memfd, not a dma-buf: its byte 0 is the allocation's, see fake_cuda_last_dmabuf).
+CUresult FakeMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, size_t size, CUmemRangeHandleType type,
+                                         unsigned long long flags) {
+  if (CUresult r = Ready(true)) return r;
+  if (handle == nullptr || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & ~static_cast<unsigned long long>(CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (size == 0 || dptr % page != 0 || size % page != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(mu);
+  uintptr_t base = 0;
+  const Region* r = Find(static_cast<uintptr_t>(dptr), &base);
+  if (r == nullptr || r->type != CU_MEMORYTYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  const size_t mapped = (r->size + page - 1) / page * page;  // allocations occupy whole pages
+  if (dptr - base > mapped || size > mapped - (dptr - base)) return CUDA_ERROR_INVALID_VALUE;
+  if (no_dmabuf || r->backing < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  const int fd = fcntl(r->backing, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(handle) = fd;
+  last_dmabuf_ptr = dptr;
+  last_dmabuf_size = size;
   return CUDA_SUCCESS;
 }
 
@@ -552,6 +598,7 @@ const Entry kEntries[] = {
     FAKE_ENTRY(cuEventQuery, 2000, FakeEventQuery),
     FAKE_ENTRY(cuEventSynchronize, 2000, FakeEventSynchronize),
     FAKE_ENTRY(cuEventDestroy, 4000, FakeEventDestroy),
+    FAKE_ENTRY(cuMemGetHandleForAddressRange, 11070, FakeMemGetHandleForAddressRange),
 };
 
 CUresult Lookup(const char* symbol, void** pfn, int version, CUdriverProcAddressQueryResult* found) {
@@ -609,6 +656,21 @@ extern "C" __attribute__((visibility("default"))) int fake_cuda_primary_retains(
   std::lock_guard<std::mutex> lock(mu);
   auto it = primary_retains.find(device);
   return it == primary_retains.end() ? 0 : it->second;
+}
+
+// Test hook (not a CUDA entry point): the range of the last successful cuMemGetHandleForAddressRange, and where
+// its first byte lies in the memfd the returned fd duplicates (the fake's fd is that memfd, not a dma-buf that
+// starts at the range). CUDA_ERROR_NOT_FOUND before any.
+extern "C" __attribute__((visibility("default"))) CUresult fake_cuda_last_dmabuf(CUdeviceptr* ptr, size_t* size,
+                                                                                 size_t* backing_offset) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (last_dmabuf_size == 0) return CUDA_ERROR_NOT_FOUND;
+  uintptr_t base = 0;
+  const Region* r = Find(static_cast<uintptr_t>(last_dmabuf_ptr), &base);
+  *ptr = last_dmabuf_ptr;
+  *size = last_dmabuf_size;
+  *backing_offset = r != nullptr ? r->backing_offset + (last_dmabuf_ptr - base) : 0;
+  return CUDA_SUCCESS;
 }
 
 #ifdef FAKE_CUDA_V1_ONLY
