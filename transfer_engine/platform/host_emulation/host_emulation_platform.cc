@@ -173,12 +173,10 @@ class HostEmulationPlatform final : public Platform {
     return Status::Ok();
   }
 
-  StatusOr<std::string> ExportIpc(void* ptr, size_t length) override {
-    MC_RETURN_IF_ERROR(CheckEnabled());
-    if (length == 0) return InvalidArgument("host_emulation: cannot export 0 bytes");
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  // mu_ held: the device allocation of this platform holding all of [addr, addr+length), or why none does.
+  StatusOr<const Region*> DeviceRangeLocked(uintptr_t addr, size_t length) const {
     const Region* r = Find(addr);
+    void* ptr = reinterpret_cast<void*>(addr);
     if (r == nullptr || r->origin != Region::Origin::kDevice) {
       return InvalidArgument("host_emulation: " + Addr(ptr) + " is not in a device allocation of this platform" +
                              (r != nullptr ? " (pinned host memory or an IPC import)" : ""));
@@ -188,6 +186,18 @@ class HostEmulationPlatform final : public Platform {
       return InvalidArgument("host_emulation: " + Range(addr, length) + " runs past its allocation " +
                              Range(base, r->length));
     }
+    return r;
+  }
+
+  StatusOr<std::string> ExportIpc(void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    if (length == 0) return InvalidArgument("host_emulation: cannot export 0 bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    StatusOr<const Region*> found = DeviceRangeLocked(addr, length);
+    if (!found.ok()) return found.status();
+    const Region* r = *found;
+    const auto base = reinterpret_cast<uintptr_t>(r->map_base);
     EmulationHandle h;
     h.pid = getpid();
     h.fd = r->fd;
@@ -205,16 +215,10 @@ class HostEmulationPlatform final : public Platform {
     }
     std::lock_guard<std::mutex> lock(mu_);
     const auto addr = reinterpret_cast<uintptr_t>(ptr);
-    const Region* r = Find(addr);
-    if (r == nullptr || r->origin != Region::Origin::kDevice) {
-      return InvalidArgument("host_emulation: " + Addr(ptr) + " is not in a device allocation of this platform" +
-                             (r != nullptr ? " (pinned host memory or an IPC import)" : ""));
-    }
+    StatusOr<const Region*> found = DeviceRangeLocked(addr, length);
+    if (!found.ok()) return found.status();
+    const Region* r = *found;
     const auto base = reinterpret_cast<uintptr_t>(r->map_base);
-    if (length > r->length - (addr - base)) {
-      return InvalidArgument("host_emulation: " + Range(addr, length) + " runs past its allocation " +
-                             Range(base, r->length));
-    }
     // The emulation's "dma-buf" is the allocation's memfd (mapped from its byte 0), duplicated for the caller.
     const int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return Errno(ErrorCode::kMemory, "dup of the allocation's memfd");
