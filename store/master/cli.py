@@ -230,6 +230,20 @@ def parse_config(argv: list[str] | None = None) -> tuple[MasterConfig, str]:
     return cfg, level
 
 
+def _snapshot_now(server) -> None:
+    """Writes a snapshot of a master with --enable_snapshot (no HA) at once (SIGUSR1); logs and ignores
+    the signal otherwise or when writing fails."""
+    log = logging.getLogger("mooncake.store.master")
+    d = getattr(server, "durability", None)
+    if d is None or d.snapshots is None:
+        log.warning("SIGUSR1 ignored: no local snapshots (--enable_snapshot without --enable_ha)")
+        return
+    try:
+        log.info("snapshot on SIGUSR1: %s", d.snapshots.take())
+    except OSError as e:
+        log.error("snapshot on SIGUSR1 failed: %s", e)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, level = parse_config(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -242,14 +256,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mooncake_master: error: {e}", file=sys.stderr)
         return 1
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    wake = threading.Event()  # set by every handled signal; the handlers only set events
+    snap_now = threading.Event()  # SIGUSR1: take a snapshot now (--enable_snapshot without HA), in this thread
+
+    def on_signal(sig, _frame) -> None:
+        (snap_now if sig == signal.SIGUSR1 else stop).set()
+        wake.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
     extra = f" metrics {cfg.metrics_host}:{server.admin_port}" if server.admin_port else ""
     if server.metadata_port:
         extra += f" metadata {cfg.http_metadata_server_host}:{server.metadata_port}"
     print(f"mooncake_master listening on {cfg.rpc_address}:{server.port}{extra}", flush=True)
-    while not stop.wait(1.0):
-        pass
+    while not stop.is_set():
+        wake.wait(1.0)
+        wake.clear()
+        if snap_now.is_set() and not stop.is_set():
+            snap_now.clear()
+            _snapshot_now(server)
     server.stop()
     logging.getLogger("mooncake.store.master").info("mooncake_master stopped")
     return 0

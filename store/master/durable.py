@@ -74,45 +74,52 @@ def load_state(svc, state: dict) -> None:
     """Replaces the (empty) durable state of `svc` with `state` (from snapshot_state). The allocators are not
     live afterwards: call ``take_over`` (or go on applying ops as a standby). Raises ValueError for a state
     that does not fit together (a replica on an unknown segment)."""
+    with svc.lock:
+        load_state_locked(svc, state)
+
+
+def load_state_locked(svc, state: dict) -> None:
+    """load_state with the service lock held by the caller (so a reset and the load are one step for every
+    other thread). On ValueError (or KeyError/TypeError/IndexError for malformed rows) the state is partly
+    loaded: the caller resets it."""
     if state.get("version") != 1:
         raise ValueError(f"unknown snapshot version {state.get('version')!r}")
-    with svc.lock:
-        off = svc.wall() - svc.now()
-        svc.allocators_live = False
-        segs = svc.segments
-        for client_id, seg_id, name, base, size, te, proto in state["segments"]:
-            code, _ = segs.mount(client_id, seg_id, name, base, size, te, proto)
-            if code != 0:
-                raise ValueError(f"snapshot segment {seg_id!r} refused: {code!r}")
+    off = svc.wall() - svc.now()
+    svc.allocators_live = False
+    segs = svc.segments
+    for client_id, seg_id, name, base, size, te, proto in state["segments"]:
+        code, _ = segs.mount(client_id, seg_id, name, base, size, te, proto)
+        if code != 0:
+            raise ValueError(f"snapshot segment {seg_id!r} refused: {code!r}")
 
-        def reps(lst):
-            out = []
-            for seg_id, offset, size in lst:
-                seg = segs.get(seg_id)
-                if seg is None:
-                    raise ValueError(f"snapshot replica on unknown segment {seg_id!r}")
-                out.append(Replica(seg, int(offset), svc._shared_size(int(size))))
-            return out
+    def reps(lst):
+        out = []
+        for seg_id, offset, size in lst:
+            seg = segs.get(seg_id)
+            if seg is None:
+                raise ValueError(f"snapshot replica on unknown segment {seg_id!r}")
+            out.append(Replica(seg, int(offset), svc._shared_size(int(size))))
+        return out
 
-        t = svc.table
-        for key, lst in state["objects"]:
-            t.objects[key] = pack_replicas(reps(lst))
-        t.hard_pins.update(state["hard_pins"])
-        for key, d in state["soft_pins"]:
-            t.soft_pins[key] = d - off
-        for key, client_id, size, lst, started, cfg, kind in state["pending"]:
-            t.pending[key] = PendingPut(client_id, size, reps(lst), started - off, ops.decode_config(cfg),
-                                        PutKind(kind))
-        for key, lst, release_at, writer in state["held"]:
-            t.held.append(Held(key, tuple(reps(lst)), release_at - off, writer))
-        for client_id, endpoint in state["disk_clients"]:
-            svc.disk_tier.mount(client_id, endpoint)
-        for key, client_id, size, seq in state["disk"]:
-            svc.disk_tier.add_replica(key, client_id, size, seq)
-        now = svc.now()
-        for rid, client_id, seg_id, cursor, end in state["reservations"]:
-            svc.reservation_pool.add(rid, client_id, segs.get(seg_id), cursor, end, now)
-        svc.applied_ops = int(state["seq"])
+    t = svc.table
+    for key, lst in state["objects"]:
+        t.objects[key] = pack_replicas(reps(lst))
+    t.hard_pins.update(state["hard_pins"])
+    for key, d in state["soft_pins"]:
+        t.soft_pins[key] = d - off
+    for key, client_id, size, lst, started, cfg, kind in state["pending"]:
+        t.pending[key] = PendingPut(client_id, size, reps(lst), started - off, ops.decode_config(cfg),
+                                    PutKind(kind))
+    for key, lst, release_at, writer in state["held"]:
+        t.held.append(Held(key, tuple(reps(lst)), release_at - off, writer))
+    for client_id, endpoint in state["disk_clients"]:
+        svc.disk_tier.mount(client_id, endpoint)
+    for key, client_id, size, seq in state["disk"]:
+        svc.disk_tier.add_replica(key, client_id, size, seq)
+    now = svc.now()
+    for rid, client_id, seg_id, cursor, end in state["reservations"]:
+        svc.reservation_pool.add(rid, client_id, segs.get(seg_id), cursor, end, now)
+    svc.applied_ops = int(state["seq"])
 
 
 def replay(svc, records) -> int:

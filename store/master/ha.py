@@ -29,8 +29,8 @@ Snapshots (--enable_snapshot with HA): a standby writes snapshots of its state (
 its --snapshot_dir; a master starting with one bootstraps from the newest and reads only the log after it. A
 leader writes none (its state may hold ops its log write has not confirmed yet).
 
-Threading: one control thread per master (``HaController``), one flusher thread (``BackendJournal``), the
-stream threads of standby_sync.py. ``Gate`` methods are called by RPC threads and take no service lock.
+Threading: one control thread per master (``HaController``), one presence thread (a standby's presence key,
+``_presence_loop``), one flusher thread (``BackendJournal``), the stream threads of standby_sync.py. ``Gate`` methods are called by RPC threads and take no service lock.
 """
 
 from __future__ import annotations
@@ -264,7 +264,8 @@ class HaController:
         self._unlogged_lock = threading.Lock()
         self._not_eligible_logged = ""
         self._next_compact = 0.0
-        self._next_announce = 0.0
+        self._presence_wake = threading.Event()  # set: announce the (new) name at once
+        self._presence_thread: threading.Thread | None = None
         self._campaign_after = 0.0  # a master that could not take over waits a little before trying again
         self.compacted_to = 0  # the log's batches before this op number were deleted by this leader
 
@@ -304,12 +305,34 @@ class HaController:
                 self._svc, directory, self._cfg.snapshot_interval_seconds, self._cfg.snapshot_retention_count,
                 None, when=lambda: self._svc.role == "standby" and self._svc.applied_ops <= self._log_tail)
             self._snapshots.start()
+        if self._listener is not None:
+            self._presence_thread = threading.Thread(target=self._presence_loop, name="mooncake-master-presence",
+                                                     daemon=True)
+            self._presence_thread.start()
         self._thread = threading.Thread(target=self._run, name="mooncake-master-ha", daemon=True)
         self._thread.start()
         return self
 
+    def _presence_loop(self) -> None:
+        """Keeps this standby's presence key (its sync-set name, PRESENCE_TTLS leases long) renewed every ttl/2
+        on a thread of its own, so a control thread stalled (a long snapshot fetch, a slow log read) never makes
+        a live member look dead. Each renewal is bounded by the backend's request timeout; a failed one is
+        retried at the next tick. Ends when ``stop`` sets ``_stop``."""
+        ttl = self._cfg.ha_lease_ttl_sec
+        while not self._stop.is_set():
+            if self._svc.role == "standby":
+                try:
+                    self.store.announce(self.name, PRESENCE_TTLS * ttl)
+                except BackendError as e:
+                    _log.warning("presence not renewed: %s", e)
+            self._presence_wake.wait(ttl / 2)
+            self._presence_wake.clear()
+
     def stop(self) -> None:
         self._stop.set()
+        self._presence_wake.set()
+        if self._presence_thread is not None:
+            self._presence_thread.join(timeout=10)
         if self._snapshots is not None:
             self._snapshots.stop()
         if self._thread is not None:
@@ -415,12 +438,7 @@ class HaController:
                 self._unlogged = [r for r in self._unlogged if r["lsn"] > written]
 
     def _standby_round(self, ttl: float) -> None:
-        now = time.monotonic()
-        if self._listener is not None and now >= self._next_announce:
-            # Presence of this process's memory under its sync-set name, kept PRESENCE_TTLS leases long so a
-            # paused member is waited for well past a leader's lease.
-            self.store.announce(self.name, PRESENCE_TTLS * ttl)
-            self._next_announce = now + ttl / 2
+        # Presence (this process's memory under its sync-set name) is renewed by _presence_loop.
         try:
             self._catch_up()
         except _LogCompacted as e:
@@ -483,14 +501,22 @@ class HaController:
             _log.warning("%s; no snapshot from the leader at %s yet: %s", why, info["sync"], e)
             return
         svc = self._svc
-        with svc.lock:
+        # One hold of the service lock from the reset to the loaded state: the snapshotter (and the admin
+        # pages) see the old state or the new one, never an empty or half-loaded one.
+        with self._unlogged_lock, svc.lock:
             svc.reset_state()
             svc.journal = None
-        durable.load_state(svc, state)
-        with self._unlogged_lock:
             self._unlogged = []
-        self._log_cursor = 0
-        self._log_tail = max(self._log_tail, svc.applied_ops)  # the snapshot is a prefix of the leader's log
+            self._log_cursor = 0
+            try:
+                durable.load_state_locked(svc, state)
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                svc.reset_state()  # start over from the log's start (or the next snapshot)
+                svc.allocators_live = False
+                self._log_tail = 0
+                _log.error("%s: the leader's snapshot does not load (%r); starting over", why, e)
+                return
+            self._log_tail = max(self._log_tail, svc.applied_ops)  # the snapshot is a prefix of the leader's log
         _log.warning("%s: took a snapshot from the leader %s (op %d, %d objects)", why, info["address"],
                      svc.applied_ops, len(svc.table.objects))
 
@@ -534,7 +560,7 @@ class HaController:
                 self._log_tail = 0
                 # The memory this name stood for in a sync set is gone: never answer to it again.
                 self.name = f"{self._address}#{secrets.token_hex(6)}"
-                self._next_announce = 0.0
+                self._presence_wake.set()
             svc.journal = None
             svc.allocators_live = False
             svc.role = "standby"
@@ -580,7 +606,8 @@ class HaController:
             svc.start_monitor()
             self.gate.open(self._journal, self._last_renew_ok + self._cfg.ha_lease_ttl_sec / 2, self._leader_sync)
         except Exception as e:  # noqa: BLE001  (a backend error, a bug): never hold the lease without serving
-            self._step_down(f"taking over failed: {type(e).__name__}: {e}")
+            # take_over (or what followed) stopped part way: the state is not known to match the log.
+            self._step_down(f"taking over failed: {type(e).__name__}: {e}", discard=True)
             return
         t = svc.table
         _log.warning("leader now (view %d) at %s: %d objects, %d segments, %d ops applied (%d written for the "
@@ -600,26 +627,50 @@ class HaController:
             self._last_renew_ok = sent
         return True
 
-    def _step_down(self, why: str) -> None:
-        """Leaves a leadership not yet served, keeping the state and the records only this memory holds (so a
-        sync-set member that cannot take over now can later): lease resigned, back to standby."""
-        _log.error("not taking over (view %d): %s; standing by with this master's state", self.view, why)
+    def _step_down(self, why: str, discard: bool = False) -> None:
+        """Leaves a leadership not yet served: lease resigned, back to standby. The state and the records only
+        this memory holds are kept (so a sync-set member that cannot take over now can later) only while the
+        state is exactly the log's ops up to ``_log_tail`` plus those held records, in order; otherwise
+        (`discard`: take_over stopped part way; ops this leadership made itself; a gap) the state is dropped
+        and this master starts over from the log under a new name, so it never serves, snapshots or hands on
+        a state the log does not hold."""
         self._campaign_after = time.monotonic() + 1.0
         self.gate.close()
         self._close_leader_sync()
         j, self._journal = self._journal, None
-        if j is not None:
-            j.close()
-            with self._unlogged_lock:  # what the journal held beyond the log stays held
+        svc = self._svc
+        with self._unlogged_lock:
+            if j is not None:
+                j.close()
+                with j.cond:
+                    extra = [json.loads(t) for t in j.ring]
+                # What the journal held beyond the log stays held, unless this leadership made it: never
+                # acknowledged nor streamed, those ops exist in this memory only.
+                own = [r for r in extra if r.get("v", 0) == j._view and r["lsn"] > self._log_tail]
+                if own:
+                    discard, why = True, f"{why}; {len(own)} ops of this view exist only in this memory"
                 held = {r["lsn"] for r in self._unlogged}
-                extra = [json.loads(t) for t in j.ring]
                 self._unlogged = sorted(self._unlogged + [r for r in extra if r["lsn"] > self._log_tail
                                                           and r["lsn"] not in held], key=lambda r: r["lsn"])
+            with svc.lock:
+                applied = svc.applied_ops
+            # Held records after `applied` (acknowledged, not applied yet) stay held; the applied ones must be
+            # exactly the log's end plus held records.
+            ahead = [r["lsn"] for r in self._unlogged if self._log_tail < r["lsn"] <= applied]
+            if not discard and ahead != list(range(self._log_tail + 1, applied + 1)):
+                discard, why = True, f"{why}; the state (op {applied}) is not the log plus the held ops"
+            if discard:
+                self._unlogged = []
+        if discard:
+            _log.error("not taking over (view %d): %s; dropping this master's state (ops only it held are lost) "
+                       "and starting over from the log", self.view, why)
+        else:
+            _log.error("not taking over (view %d): %s; standing by with this master's state", self.view, why)
         try:
             self.store.resign()
         except Exception:  # noqa: BLE001  (the lease then runs out)
             pass
-        self._become_standby(reset=False)
+        self._become_standby(reset=discard)
 
     def _close_leader_sync(self) -> None:
         ls, self._leader_sync = self._leader_sync, None

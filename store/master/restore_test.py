@@ -3,6 +3,7 @@ bytes), pins and disk replicas are back, the clients' segments stay mounted and 
 restart; a put in flight at the kill is finished or revoked, never stuck."""
 
 import json
+import signal
 import time
 import urllib.request
 
@@ -45,7 +46,7 @@ def cluster(tmp_path):
 def test_restarted_master_keeps_objects_pins_and_disk_replicas(cluster, tmp_path):
     port = free_port()
     args = (f"--port={port}", "--enable_snapshot", f"--snapshot_dir={tmp_path / 'meta'}",
-            "--snapshot_interval_seconds=1", "--fast_rpc_port=-1")
+            "--snapshot_interval_seconds=3600", "--fast_rpc_port=-1")  # snapshots only on SIGUSR1
     m = MasterProcess(*args)
     addr = f"127.0.0.1:{port}"
     a = cluster(StoreWorker, addr, segment="32MB", buffer="8MB")
@@ -54,7 +55,12 @@ def test_restarted_master_keeps_objects_pins_and_disk_replicas(cluster, tmp_path
     for i in range(40):  # in b's own segment: b's SSD tier persists them
         assert b.call("put", f"b{i}", pattern(4 * KiB, 2 + i), config={"preferred_segment": b.hostname}) == 0
     assert a.call("put", "pinned", b"p" * 1000, config={"with_hard_pin": True}) == 0
-    time.sleep(1.5)  # a snapshot is taken; later puts are only in the log
+    assert admin(m, "/health")["durability"]["last_snapshot_seq"] is None
+    m.proc.send_signal(signal.SIGUSR1)  # one snapshot now; every later op is only in the log
+    deadline = time.monotonic() + 10
+    while (snap_seq := admin(m, "/health")["durability"]["last_snapshot_seq"]) is None:
+        assert time.monotonic() < deadline, "no snapshot after SIGUSR1"
+        time.sleep(0.1)
     assert a.request({"op": "fill", "prefix": "late", "count": 20, "size": 8 * KiB, "seed": 3})["codes"] == {"0": 20}
     deadline = time.monotonic() + 20  # offload tasks come with the owner's pings (about one a second)
     while True:
@@ -72,7 +78,7 @@ def test_restarted_master_keeps_objects_pins_and_disk_replicas(cluster, tmp_path
     health = admin(m, "/health")
     assert health["view_version"] != before["view_version"]
     restored = health["durability"]["restored"]
-    assert restored["snapshot"] is not None and restored["ops"] > 0, health
+    assert restored["snapshot"] == snap_seq and restored["ops"] > 0, health
     for w, prefix, count, size, seed in ((a, "a", 40, 4 * KiB, 1), (b, "b", 40, 4 * KiB, 2),
                                          (a, "late", 20, 8 * KiB, 3), (b, "a", 40, 4 * KiB, 1)):
         got = w.request({"op": "verify", "prefix": prefix, "count": count, "size": size, "seed": seed})
