@@ -285,6 +285,11 @@ class RedisBackend:
     def __init__(self, endpoints: list[str], cluster_id: str, timeout: float = 2.0) -> None:
         import redis
 
+        if len(endpoints) != 1:
+            # Independent Redis servers do not replicate each other: moving between them would lose the view key
+            # and the log, and two leaders could hold views on different servers.
+            raise ValueError(f"the redis HA backend takes exactly one endpoint (a replicated Redis behind one "
+                             f"address, e.g. a Sentinel-managed address); got {len(endpoints)}: {endpoints}")
         host, _, port = endpoints[0].rpartition(":")
         self._r = redis.Redis(host=host or "127.0.0.1", port=int(port), socket_timeout=timeout,
                               socket_connect_timeout=timeout)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from mooncake.store.common.coordination import BackendError, EtcdBackend, RedisBackend, parse_endpoints
+from mooncake.store.common.coordination import BackendError, EtcdBackend, RedisBackend, backend, parse_endpoints
 from mooncake.testing.services import Etcd, Redis
 
 
@@ -55,3 +55,5 @@ def test_bad_endpoints():
     assert parse_endpoints("etcd://h1:1;h2:2") == ["h1:1", "h2:2"]
     with pytest.raises(BackendError):
         EtcdBackend(["127.0.0.1:9"], "t", timeout=0.5).read_view()
+    with pytest.raises(ValueError, match="exactly one endpoint"):
+        backend("redis", "127.0.0.1:1;127.0.0.1:2", "t")
