@@ -117,7 +117,8 @@ Status TransferEngine::Impl::Init() {
   }
   // Started before the RPC server serves: a handshake method is registered by the time a peer can call it.
   worker_ = std::make_shared<WorkQueue>(1);
-  retry_worker_ = std::make_unique<WorkQueue>(1);
+  // A small pool: a peer whose descriptor fetch hangs holds one thread; the others serve other segments.
+  retry_worker_ = std::make_unique<WorkQueue>(kRetryWorkers);
   TransportContext ctx;
   ctx.config = &config_;
   ctx.memory = &memory_;

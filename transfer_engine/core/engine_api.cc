@@ -1,4 +1,8 @@
 // The public TransferEngine methods: argument checks and hand-off to TransferEngine::Impl (engine_impl.h).
+#include <unistd.h>
+
+#include <atomic>
+
 #include <nlohmann/json.hpp>
 
 #include "transfer_engine/common/log.h"
@@ -34,10 +38,45 @@ Status TransferEngine::Impl::RegisterRegion(MemoryRegion region) {
     return InvalidArgument("location '" + region.location + "' names no memory kind (" + named.status().message() + ")");
   }
   region.kind = named->is_device() ? *named : PlatformRegistry::Get().Classify(reinterpret_cast<void*>(region.start));
-  MC_RETURN_IF_ERROR(transports_.Register(region));
+  int exported_fd = region.kind.is_device() && region.backing_fd < 0 ? AttachDeviceBacking(region) : -1;
+  Status registered = transports_.Register(region);
+  if (exported_fd >= 0) {
+    // Every transport has registered (or none kept it): a transport that needs the dma-buf holds its own
+    // reference by now, so the engine's fd goes and the stored region no longer names it.
+    close(exported_fd);
+    region.backing_fd = -1;
+    region.backing_offset = 0;
+  }
+  MC_RETURN_IF_ERROR(registered);
   Status st = memory_.Register(region);
   if (!st.ok()) transports_.Unregister(region);
   return st;
+}
+
+int TransferEngine::Impl::AttachDeviceBacking(MemoryRegion& region) {
+  auto& platforms = PlatformRegistry::Get();
+  auto locality = platforms.Locality(region.kind);
+  if (locality.ok()) region.locality = *locality;
+  const void* ptr = reinterpret_cast<const void*>(region.start);
+  std::shared_ptr<Platform> owner = platforms.OwnerOf(ptr, region.kind.type);
+  std::string why;
+  if (owner) {
+    auto exported = owner->ExportDmabuf(ptr, region.length);
+    if (exported.ok() && exported->fd >= 0) {
+      region.backing_fd = exported->fd;
+      region.backing_offset = exported->offset;
+      return exported->fd;
+    }
+    why = exported.ok() ? "the platform returned no fd" : exported.status().ToString();
+  } else {
+    why = "no usable " + region.kind.ToString() + " platform claims the pointer";
+  }
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) {
+    MC_LOG(kDebug) << "no dma-buf for " << region.kind.ToString() << " memory at 0x" << std::hex << region.start
+                   << std::dec << " (" << why << "); transports register it without one (logged once)";
+  }
+  return -1;
 }
 
 Status TransferEngine::Impl::UnregisterRegion(uint64_t addr) {

@@ -65,9 +65,12 @@ class TransferEngine::Impl : public TransportHost {
   std::unique_ptr<ManagedMemory> managed_;
   std::mutex transport_managed_mu_;
   std::unordered_map<uint64_t, size_t> transport_managed_;  // allocate_managed_buffer served by the transport
-  /// One thread each, off the I/O threads: notifications (worker_) and slice retries (retry_worker_), so a
-  /// retry waiting for an unreachable peer's metadata never holds up notifications. Shared with the
-  /// notification callbacks of batches, which may finish after Shutdown (they then find it stopped).
+  /// Off the I/O threads: notifications (worker_, one thread) and slice retries (retry_worker_,
+  /// kRetryWorkers threads; SliceRetrier keeps each segment on one of them at a time), so a retry waiting for
+  /// an unreachable peer's metadata never holds up notifications or other peers' retries. worker_ is shared
+  /// with the notification callbacks of batches, which may finish after Shutdown (they then find it stopped).
+  /// Both are stopped (threads joined) in Shutdown.
+  static constexpr int kRetryWorkers = 4;
   std::shared_ptr<WorkQueue> worker_;
   std::unique_ptr<WorkQueue> retry_worker_;
   std::unique_ptr<SliceRetrier> retrier_;
@@ -115,6 +118,10 @@ class TransferEngine::Impl : public TransportHost {
   StatusOr<std::string> SegmentNameOf(SegmentHandle h) const;
   /// Registers a region with every transport, then with the registry (undone on any error).
   Status RegisterRegion(MemoryRegion region);
+  /// For device memory: fills region.locality and, when the owning platform exports one, region.backing_fd /
+  /// backing_offset with a dma-buf. Returns that fd (the caller owns it and closes it after the transports'
+  /// RegisterRegion calls), or -1 (logged once at debug level with the reason).
+  int AttachDeviceBacking(MemoryRegion& region);
   Status UnregisterRegion(uint64_t addr);
   StatusOr<std::shared_ptr<Batch>> FindBatch(BatchId id) const;
   StatusOr<std::string> HandleRpc(const RpcFrame& frame);

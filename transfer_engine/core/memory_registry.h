@@ -44,8 +44,15 @@ struct MemoryRegion {
   bool remote_accessible = true;
   /// A file descriptor of this process that backs the range (a memfd, a file, a device), and the range's offset
   /// in it; -1 for anonymous memory. Transports that share memory by mapping it use this.
+  /// For device memory the engine asks the owning platform for a dma-buf (Platform::ExportDmabuf, best effort:
+  /// -1 when it cannot export one). That fd is the engine's: it is valid only during Transport::RegisterRegion
+  /// and closed once every transport has registered (the stored region then says -1). A transport that needs
+  /// the dma-buf later takes its own reference during RegisterRegion (ibv_reg_dmabuf_mr does; or dup it).
   int backing_fd = -1;
   uint64_t backing_offset = 0;
+  /// For device memory: where the device sits (NUMA node, PCI bus id) as its platform reports it; unknown
+  /// (-1 / empty) for host memory or when the platform cannot tell. Transports use it to prefer nearby NICs.
+  DeviceLocality locality;
   std::vector<TransportEntry> transports;
 
   uint64_t end() const { return start + length; }

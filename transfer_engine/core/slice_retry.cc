@@ -18,55 +18,66 @@ bool SliceRetrier::OnFailure(Slice* slice, const Status& status, SliceRetry retr
   bool post;
   {
     std::lock_guard lock(mu_);
-    auto& queue = pending_[segment];
-    post = queue.empty();
-    queue.push_back({slice, status, retry});
+    auto& q = pending_[segment];
+    post = !q.scheduled;
+    q.scheduled = true;
+    q.queue.push_back({slice, status, retry});
   }
-  if (!post || s_.worker->Post([this, segment] { Run(segment); })) return true;
+  if (!post || s_.worker->Post([this, segment] { Drain(segment); })) return true;
   // Shutting down: nothing will move them again.
-  for (auto& p : Take(segment)) {
+  for (auto& p : Take(segment, /*finish=*/true)) {
     if (p.slice != slice) p.slice->Complete(p.status);
   }
   return false;
 }
 
-std::vector<SliceRetrier::Pending> SliceRetrier::Take(const std::string& segment) {
+std::vector<SliceRetrier::Pending> SliceRetrier::Take(const std::string& segment, bool finish) {
   std::vector<Pending> out;
   std::lock_guard lock(mu_);
   auto it = pending_.find(segment);
   if (it == pending_.end()) return out;
-  out.swap(it->second);
-  pending_.erase(it);
+  out.swap(it->second.queue);
+  if (finish || out.empty()) pending_.erase(it);
   return out;
 }
 
-void SliceRetrier::Run(const std::string& segment) {
-  std::vector<Pending> queued = Take(segment);
-  if (queued.empty()) return;
+void SliceRetrier::Drain(const std::string& segment) {
+  for (;;) {
+    std::vector<Pending> queued = Take(segment, /*finish=*/false);
+    if (queued.empty()) return;  // Take ended the segment's turn under the lock: a later failure posts again
+    Run(segment, std::move(queued));
+  }
+}
+
+void SliceRetrier::Run(const std::string& segment, std::vector<Pending> queued) {
   auto cached = s_.descriptor(segment, /*refresh=*/false);
   std::shared_ptr<const SegmentDescriptor> desc = cached.ok() ? *cached : nullptr;
   // A refresh is needed unless every slice asking for one was handed out before the last refresh started
   // (stragglers of the failure that refresh already answered).
-  for (auto it = last_refresh_.begin(); it != last_refresh_.end();) {  // bounded: old outcomes answer nothing
-    it = std::chrono::steady_clock::now() - it->second.started > kForgetRefresh ? last_refresh_.erase(it) : std::next(it);
-  }
-  auto recent = last_refresh_.find(segment);
   bool refresh = false, reuse = false;
-  for (const auto& p : queued) {
-    if (p.retry != SliceRetry::kRefreshPeer) continue;
-    if (recent != last_refresh_.end() && p.slice->handed_out < recent->second.started) reuse = true;
-    else refresh = true;
-  }
   Status refresh_error;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = last_refresh_.begin(); it != last_refresh_.end();) {  // bounded: old outcomes answer nothing
+      it = std::chrono::steady_clock::now() - it->second.started > kForgetRefresh ? last_refresh_.erase(it)
+                                                                                   : std::next(it);
+    }
+    auto recent = last_refresh_.find(segment);
+    for (const auto& p : queued) {
+      if (p.retry != SliceRetry::kRefreshPeer) continue;
+      if (recent != last_refresh_.end() && p.slice->handed_out < recent->second.started) reuse = true;
+      else refresh = true;
+    }
+    if (!refresh && reuse) refresh_error = recent->second.error;
+  }
   if (refresh) {
     auto started = std::chrono::steady_clock::now();
     s_.forget(segment);  // the cached descriptor and the transports' connections and mappings
     auto fresh = s_.descriptor(segment, /*refresh=*/true);
     if (fresh.ok()) desc = *fresh;
     else refresh_error = fresh.status();
+    std::lock_guard lock(mu_);
     last_refresh_[segment] = {started, refresh_error};
-  } else if (reuse) {
-    refresh_error = recent->second.error;
   }
   std::map<Transport*, std::vector<Slice*>> groups;
   for (auto& p : queued) {

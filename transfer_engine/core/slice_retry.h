@@ -28,7 +28,9 @@ namespace mooncake::te {
 ///   moved after a refresh at most once; a failed fetch fails it;
 /// - a slice changes transport (kOtherPath) at most `retry_count` times (MC_RETRY_CNT; 0: never); otherwise it
 ///   completes with its error (a range the fresh descriptor no longer has: kAddressNotRegistered).
-/// The work runs on `worker` (never on a transport's thread). Thread-safe.
+/// The work runs on `worker` (never on a transport's thread), which may have several threads: each segment's
+/// retries run on one thread at a time, in the order they failed, so one slow peer (a hung descriptor fetch)
+/// holds only its own segment's retries. Thread-safe.
 class SliceRetrier {
  public:
   struct Services {
@@ -59,13 +61,20 @@ class SliceRetrier {
   /// A slice still in flight after this long was handed out after the refresh, or has failed already.
   static constexpr std::chrono::minutes kForgetRefresh{10};
 
-  void Run(const std::string& segment);
-  std::vector<Pending> Take(const std::string& segment);
+  /// Runs the segment's queued retries until its queue is empty, then clears its scheduled mark.
+  void Drain(const std::string& segment);
+  void Run(const std::string& segment, std::vector<Pending> queued);
+  /// The segment's queue (emptied); with `finish`, an empty queue also ends its turn on the worker.
+  std::vector<Pending> Take(const std::string& segment, bool finish);
 
+  struct SegmentQueue {
+    std::vector<Pending> queue;
+    bool scheduled = false;  // a Drain is posted or running for the segment: no second one is posted
+  };
   Services s_;
   std::mutex mu_;
-  std::unordered_map<std::string, std::vector<Pending>> pending_;  // by segment, waiting for the worker
-  std::unordered_map<std::string, RefreshOutcome> last_refresh_;   // the worker's only
+  std::unordered_map<std::string, SegmentQueue> pending_;         // by segment; guarded by mu_
+  std::unordered_map<std::string, RefreshOutcome> last_refresh_;  // guarded by mu_
 };
 
 }  // namespace mooncake::te

@@ -175,7 +175,7 @@ void RegisterPlatform(const McPluginV1& v1, bool usable, std::string reason, Plu
   if (v1.probe == nullptr) {
     PlatformProbe probe = platform->Probe();
     usable = probe.usable;
-    reason = probe.usable ? "" : probe.reason;
+    reason = probe.reason;  // a usable platform's summary is kept too
   }
   if (!usable && reason.empty()) reason = "its probe says it cannot run here (no reason given)";
   PlatformRegistry::Get().Register(platform);
@@ -258,7 +258,7 @@ PluginInfo LoadOne(const std::string& path, const std::string& file) {
     char why[kReasonBytes] = {0};
     usable = v1->probe(why, sizeof(why));
     why[sizeof(why) - 1] = '\0';
-    reason = usable ? "" : why;
+    reason = why;  // kept for usable plugins too: a summary ("FI_HMEM ...") that plugins() shows
     if (!usable && reason.empty()) reason = "its probe says it cannot run here (no reason given)";
   }
   if (info.kind == "transport") {
@@ -338,6 +338,7 @@ std::vector<PluginInfo> PluginStates() {
     } catch (const std::exception& e) {
       probe = TransportProbe{false, std::string("probe threw: ") + e.what()};
     }
+    info.reason = probe.reason;
     if (!probe.usable) {
       info.state = PluginState::kUnusable;
       info.reason = probe.reason.empty() ? "its probe says it cannot run here (no reason given)" : probe.reason;
@@ -349,6 +350,7 @@ std::vector<PluginInfo> PluginStates() {
     if (state.platform_names.count(name)) continue;
     PluginInfo info{name, "platform", "builtin", {}, PluginState::kLoaded, ""};
     PlatformProbe probe = p->Probe();
+    info.reason = probe.reason;
     if (!probe.usable) {
       info.state = PluginState::kUnusable;
       info.reason = probe.reason.empty() ? "its probe says it cannot run here (no reason given)" : probe.reason;

@@ -27,7 +27,9 @@ struct PluginInfo {
   std::string origin;                  ///< "builtin" (linked in) or the .so path it was loaded from
   std::vector<std::string> protocols;  ///< transports: the protocol strings served; empty for platforms
   PluginState state = PluginState::kError;
-  std::string reason;  ///< why it is not kLoaded (the probe's reason, dlerror text, the refusal); empty when loaded
+  /// Why it is not kLoaded (the probe's reason, dlerror text, the refusal); for a loaded plugin, its probe's
+  /// summary when it gives one (efa: "FI_HMEM ..."), else empty.
+  std::string reason;
 };
 
 /// Loads plugins once per process (later calls return at once; thread-safe). Scans, in this order,

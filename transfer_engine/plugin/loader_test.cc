@@ -55,7 +55,8 @@ const Folders& LoadedFolders() {
     for (const char* name : {"libmc_transport_toy.so", "libmc_platform_toyplat.so", "libmc_transport_toy_badabi.so",
                              "libmc_transport_toy_badbuild.so", "libmc_transport_toy_badkind.so",
                              "libmc_transport_toy_smallstruct.so", "libmc_transport_toy_novendor.so",
-                             "libmc_transport_toy_noentry.so", "libmc_transport_toy_builtin.so"}) {
+                             "libmc_transport_toy_noentry.so", "libmc_transport_toy_builtin.so",
+                             "libmc_transport_toy_noted.so"}) {
       Copy(std::string(kToyDir) + name, f.first + "/" + name);
     }
     Copy(std::string(kToyDir) + "libmc_transport_toy.so", f.second + "/libmc_transport_toy.so");
@@ -157,13 +158,34 @@ TEST(PluginLoaderTest, GoodPlatformLoads) {
   EXPECT_EQ(info.kind, "platform");
   EXPECT_EQ(info.state, PluginState::kLoaded);
   EXPECT_STREQ(PluginStateName(info.state), "loaded");
-  EXPECT_EQ(info.reason, "");
+  EXPECT_EQ(info.reason, "1 toy device");  // a usable platform's probe summary is kept
   EXPECT_TRUE(info.protocols.empty());
   std::shared_ptr<Platform> p = PlatformRegistry::Get().Find("toyplat");
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->device_type(), MemoryType::kCxl);
   EXPECT_TRUE(p->Probe().usable);
   EXPECT_EQ(p->Allocate(64, AllocationKind::kDevice, 0).status().code(), ErrorCode::kNotImplemented);
+}
+
+TEST(PluginLoaderTest, UsableTransportKeepsItsProbeSummary) {
+  const Folders& f = LoadedFolders();
+  PluginInfo info = One(f.first + "/libmc_transport_toy_noted.so");
+  EXPECT_EQ(info.state, PluginState::kLoaded);
+  EXPECT_EQ(info.reason, "FI_HMEM: toy device memory via dma-buf");
+}
+
+TEST(PluginLoaderTest, UsableBuiltinsKeepTheirProbeSummary) {
+  LoadedFolders();
+  bool cpu = false;
+  for (const PluginInfo& p : PluginStates()) {
+    if (p.origin == "builtin" && p.kind == "platform" && p.name == "cpu") {
+      cpu = true;
+      EXPECT_EQ(p.state, PluginState::kLoaded);
+      EXPECT_EQ(p.reason, PlatformRegistry::Get().Find("cpu")->Probe().reason);
+      EXPECT_FALSE(p.reason.empty());
+    }
+  }
+  EXPECT_TRUE(cpu);
 }
 
 TEST(PluginLoaderTest, WrongAbiVersionIsRefused) {
@@ -263,14 +285,14 @@ TEST(PluginLoaderTest, LoadingIsIdempotentAndRegistersOnlyWhatWasAccepted) {
   LoadPlugins();
   LoadPlugins();
   EXPECT_EQ(PluginStates().size(), before);
-  // builtin toy_builtin + the first folder's toy; nothing refused, missing or broken got in.
+  // builtin toy_builtin + the first folder's toy and toy_noted; nothing refused, missing or broken got in.
   std::vector<std::string> names = TransportRegistry::Get().Names();
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"toy", "toy_builtin"}));
-  // 9 files in the first folder, 1 accepted-or-refused copy in the second (the symlink skipped).
+  EXPECT_EQ(names, (std::vector<std::string>{"toy", "toy_builtin", "toy_noted"}));
+  // 10 files in the first folder, 1 accepted-or-refused copy in the second (the symlink skipped).
   size_t scanned = 0;
   for (const PluginInfo& p : PluginStates()) scanned += p.origin != "builtin";
-  EXPECT_EQ(scanned, 10u);
+  EXPECT_EQ(scanned, 11u);
   (void)f;
 }
 

@@ -153,7 +153,7 @@ bool ProbeForAbi(Fn fn, char* why, size_t n) noexcept {
   }
   try {
     Probe p = CallProbe<Probe>(fn);
-    WriteReason(p.usable ? std::string() : p.reason, why, n);
+    WriteReason(p.reason, why, n);  // a usable plugin's summary too ("FI_HMEM ..."), shown by plugins()
     return p.usable;
   } catch (...) {  // allocation failure while copying the reason
     WriteReason("probe failed", why, n);

@@ -27,7 +27,8 @@ struct McPluginV1 {
   uint32_t kind;               ///< McPluginKind
   const char* const* protocols;  ///< transports: null-terminated list of protocol strings served; else null
   const char* exclusive_env;   ///< transports: see TransportPlugin::exclusive_env; may be null
-  /// Whether the plugin can run here; on false writes a one-line reason (NUL-terminated) into why[0..n).
+  /// Whether the plugin can run here; writes a one-line reason (NUL-terminated) into why[0..n): on false why
+  /// not, on true an optional summary (may be empty).
   /// May be null (always usable; a platform is then asked through Platform::Probe). Never throws.
   bool (*probe)(char* why, size_t n);
   /// A new object: mooncake::te::Transport* (kind transport) or mooncake::te::Platform* (kind platform),

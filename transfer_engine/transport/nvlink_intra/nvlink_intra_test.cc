@@ -4,6 +4,8 @@
 // allocator, the inert form without a CUDA platform, and the shm_name codec against untrusted text.
 #include "transfer_engine/transport/nvlink_intra/nvlink_intra_transport.h"
 
+#include <sys/mman.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,6 +90,66 @@ TEST(NvlinkIntraTransportTest, ExportsCudaRegionsAndDeclinesHostMemory) {
   EXPECT_FALSE(t.CanReach(peer));
   peer.json = {{"host_id", "this-host"}, {"nvlink_intra_platform", 7}};  // untrusted: wrong type
   EXPECT_FALSE(t.CanReach(peer));
+  t.Stop();
+  EXPECT_TRUE(cuda->Free(*dev, 1 << 20, AllocationKind::kDevice).ok());
+}
+
+TEST(NvlinkIntraTransportTest, ReRegisteringAnAddressWhileTheOldRegistrationDrainsKeepsThemApart) {
+  auto cuda = Cuda();
+  ASSERT_NE(cuda, nullptr) << "MC_PLATFORM_EMULATION=1 should enable the emulation";
+  NvlinkIntraTransport t;
+  EngineConfig config;
+  TransportContext ctx;
+  ctx.config = &config;
+  ctx.platforms = &PlatformRegistry::Get();
+  ctx.host_id = "this-host";
+  ASSERT_TRUE(t.Start(ctx).ok());
+  nlohmann::json desc = nlohmann::json::object();
+  t.Describe(desc);
+  int epoch_fd = desc.value("nvlink_intra_epoch_fd", -1);
+  ASSERT_GE(epoch_fd, 0);
+  void* table = mmap(nullptr, kEpochTableBytes, PROT_READ, MAP_SHARED, epoch_fd, 0);
+  ASSERT_NE(table, MAP_FAILED);
+  auto epoch = [&](uint32_t slot) { return static_cast<const volatile uint64_t*>(table)[slot]; };
+
+  auto dev = cuda->Allocate(1 << 20, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(dev.ok());
+  // As the engine does: the registration's state travels in the region's entry for the transport.
+  auto registered = [&](MemoryRegion region) {
+    auto r = t.RegisterRegion(region);
+    EXPECT_TRUE(r.ok() && !r->declined);
+    if (r.ok()) region.transports.push_back({t.name(), r->descriptor_fields, r->state, false, ""});
+    return region;
+  };
+  MemoryRegion base;
+  base.start = reinterpret_cast<uint64_t>(*dev);
+  base.length = 1 << 20;
+  base.kind = MemoryKind{MemoryType::kCuda, 0};
+  MemoryRegion old_reg = registered(base);
+  ASSERT_EQ(old_reg.transports.size(), 1u);
+  auto old_slot = old_reg.transports[0].descriptor_fields[kEpochSlotField].get<uint32_t>();
+
+  t.WithdrawRegion(old_reg);  // the old registration drains ...
+  MemoryRegion new_reg = registered(base);  // ... while the same address is registered again
+  ASSERT_EQ(new_reg.transports.size(), 1u);
+  auto new_slot = new_reg.transports[0].descriptor_fields[kEpochSlotField].get<uint32_t>();
+  auto new_epoch = new_reg.transports[0].descriptor_fields[kEpochField].get<uint64_t>();
+  ASSERT_NE(new_slot, old_slot);
+  uint64_t old_before = epoch(old_slot);
+  t.UnregisterRegion(old_reg);  // the old one finishes draining
+
+  EXPECT_EQ(epoch(new_slot), new_epoch) << "ending the old registration moved the new buffer's epoch";
+  EXPECT_GT(epoch(old_slot), old_before) << "the old registration's slot was not given up";
+  t.WithdrawRegion(new_reg);
+  EXPECT_GT(epoch(new_slot), new_epoch) << "withdrawing the new registration did not move its epoch";
+  t.UnregisterRegion(new_reg);
+  t.UnregisterRegion(new_reg);  // once only: the slot is not given up twice
+  MemoryRegion third = registered(base), fourth = registered(base);
+  EXPECT_NE(third.transports[0].descriptor_fields[kEpochSlotField],
+            fourth.transports[0].descriptor_fields[kEpochSlotField]);
+  t.UnregisterRegion(third);
+  t.UnregisterRegion(fourth);
+  munmap(table, kEpochTableBytes);
   t.Stop();
   EXPECT_TRUE(cuda->Free(*dev, 1 << 20, AllocationKind::kDevice).ok());
 }

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include "transfer_engine/common/format.h"
@@ -85,6 +86,23 @@ void NvlinkIntraTransport::Stop() {
   if (cache_) cache_->Clear();
 }
 
+namespace {
+
+/// nvlink_intra's part of one registration: its epoch slot, given up once (UnregisterRegion).
+struct EpochSlotState : TransportRegionState {
+  explicit EpochSlotState(uint32_t s) : slot(s) {}
+  const uint32_t slot;
+  std::atomic<bool> released{false};
+};
+
+/// The slot state of `region`'s registration with transport `name`; null when it has none (declined).
+EpochSlotState* SlotOf(const MemoryRegion& region, const std::string& name) {
+  const MemoryRegion::TransportEntry* e = region.transport(name);
+  return e != nullptr ? dynamic_cast<EpochSlotState*>(e->state.get()) : nullptr;
+}
+
+}  // namespace
+
 StatusOr<RegionRegistration> NvlinkIntraTransport::RegisterRegion(const MemoryRegion& region) {
   RegionRegistration r;
   if (region.kind.type != MemoryType::kCuda) {
@@ -110,10 +128,7 @@ StatusOr<RegionRegistration> NvlinkIntraTransport::RegisterRegion(const MemoryRe
     r.why_declined = slot.status().message();
     return r;
   }
-  {
-    std::lock_guard lock(slots_mu_);
-    slots_[region.start] = slot->first;
-  }
+  r.state = std::make_shared<EpochSlotState>(slot->first);
   // The device's copy streams, here on the registering thread rather than by the first copy (a failure is logged
   // once: copies then use the platform's own stream).
   if (region.kind.device >= 0) (void)streams_->Prepare(region.kind.device);
@@ -124,17 +139,13 @@ StatusOr<RegionRegistration> NvlinkIntraTransport::RegisterRegion(const MemoryRe
 }
 
 void NvlinkIntraTransport::WithdrawRegion(const MemoryRegion& region) {
-  std::lock_guard lock(slots_mu_);
-  auto it = slots_.find(region.start);
-  if (it != slots_.end()) epochs_->Advance(it->second);
+  EpochSlotState* s = SlotOf(region, name());
+  if (s != nullptr && !s->released.load(std::memory_order_acquire)) epochs_->Advance(s->slot);
 }
 
 void NvlinkIntraTransport::UnregisterRegion(const MemoryRegion& region) {
-  std::lock_guard lock(slots_mu_);
-  auto it = slots_.find(region.start);
-  if (it == slots_.end()) return;
-  epochs_->Release(it->second);
-  slots_.erase(it);
+  EpochSlotState* s = SlotOf(region, name());
+  if (s != nullptr && !s->released.exchange(true, std::memory_order_acq_rel)) epochs_->Release(s->slot);
 }
 
 void NvlinkIntraTransport::Describe(nlohmann::json& descriptor) const {

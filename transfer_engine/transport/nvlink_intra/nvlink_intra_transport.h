@@ -95,8 +95,8 @@ class NvlinkIntraTransport : public Transport {
   std::unique_ptr<IpcCache> cache_;
   std::unique_ptr<StreamPool> streams_;  // with platform_
   std::unique_ptr<LocalEpochs> epochs_;
-  std::mutex slots_mu_;
-  std::map<uint64_t, uint32_t> slots_;  // registered region start -> its epoch slot (slots_mu_)
+  // A region's epoch slot lives in its registration's state (RegionRegistration::state), not in a map keyed by
+  // address: an old registration of an address still draining and a new one of the same address stay apart.
   PeerEpochs peer_epochs_;
 
   std::mutex mu_;  // guards the fields below
