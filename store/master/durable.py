@@ -343,11 +343,16 @@ class Snapshotter:
         self._thread: threading.Thread | None = None
         self.last_seq = None
         self.last_time = 0.0
+        self._take_lock = threading.Lock()  # one take at a time (the periodic thread and SIGUSR1)
 
     def take(self) -> str | None:
         """Writes one snapshot now; returns its path (None: `when()` did not hold, checked under the service
         lock). The state is taken and the journal rotated in one hold of the service lock; the file is written
-        after it."""
+        after it. Takes run one at a time, so last_seq never moves back."""
+        with self._take_lock:
+            return self._take()
+
+    def _take(self) -> str | None:
         with self._svc.lock:
             if self._when is not None and not self._when():
                 return None
