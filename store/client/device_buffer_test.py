@@ -138,3 +138,27 @@ def test_own_segment_copies_of_device_memory_use_the_platform(master, device, mo
         assert s.put_from("host/own", host.ctypes.data, host.nbytes, here) == 0
         assert rec.copies == before and s.get("host/own") == host.tobytes()
         assert s.unregister_buffer(host.ctypes.data) == 0 and s.unregister_buffer(ptr) == 0
+
+
+def test_a_copy_over_a_device_buffers_edge_is_refused():
+    """Neither memmove (device pointer) nor one platform copy (past the allocation) is safe for a range that
+    runs over a registered device buffer's edge: nothing is copied."""
+    from mooncake.store.client.device_memory import DeviceBuffers
+
+    class CountingPlatform:
+        calls = 0
+
+        def copy(self, dst, src, n):
+            CountingPlatform.calls += 1
+
+    host = np.zeros(8192, dtype=np.uint8)
+    dst = np.full(8192, 7, dtype=np.uint8)
+    base = host.ctypes.data + 4096  # stands for a device buffer [base, base + 2048)
+    bufs = DeviceBuffers()
+    bufs._add(base, 2048, CountingPlatform())
+    assert not bufs.copy(dst.ctypes.data, base + 1024, 2048, device_side=base + 1024)  # runs off the end
+    assert not bufs.copy(dst.ctypes.data, base - 1024, 2048, device_side=base - 1024)  # host running into it
+    assert CountingPlatform.calls == 0 and (dst == 7).all()
+    assert bufs.copy(dst.ctypes.data, base, 2048, device_side=base) and CountingPlatform.calls == 1
+    assert bufs.copy(dst.ctypes.data, host.ctypes.data, 4096, device_side=host.ctypes.data)  # host only
+    assert (dst[:4096] == 0).all()

@@ -47,12 +47,15 @@ class DeviceBuffers:
         plat = _platform_for(kind)
         if plat is None:  # registered through the engine, which found a platform; be safe: no memmove either
             _log.warning("buffer %#x is %s memory but no usable platform copies it here", addr, kind)
+        self._add(addr, size, plat)
+        return kind
+
+    def _add(self, addr: int, size: int, plat) -> None:
         with self._lock:
             i = bisect.bisect_right(self._starts, addr)
             self._starts.insert(i, addr)
             self._ends.insert(i, addr + size)
             self._platforms.insert(i, plat)
-        return kind
 
     def forget(self, addr: int) -> None:
         with self._lock:
@@ -67,23 +70,32 @@ class DeviceBuffers:
             self._platforms.clear()
 
     def _find(self, addr: int, n: int):
-        """(True, platform or None) when [addr, addr+n) lies in device memory; (False, None) for host memory."""
+        """("device", platform or None) when [addr, addr+n) lies in one registered device buffer; ("host", None)
+        when it touches none; ("straddle", None) when it runs over a device buffer's edge (neither memmove nor
+        one platform copy is safe for it)."""
         if not self._starts:
-            return False, None
+            return "host", None
+        end = addr + max(n, 1)
         with self._lock:
             i = bisect.bisect_right(self._starts, addr) - 1
             if i >= 0 and addr < self._ends[i]:
-                return True, self._platforms[i]
-        return False, None
+                return ("device", self._platforms[i]) if end <= self._ends[i] else ("straddle", None)
+            if i + 1 < len(self._starts) and self._starts[i + 1] < end:
+                return "straddle", None
+        return "host", None
 
     def copy(self, dst: int, src: int, n: int, device_side: int) -> bool:
         """Copies n bytes from src to dst, where `device_side` (dst or src) may be registered device memory and
         the other side is host memory. False (logged, nothing copied) when device memory has no platform here
         or the platform's copy fails."""
-        device, plat = self._find(device_side, n)
-        if not device:
+        where, plat = self._find(device_side, n)
+        if where == "host":
             ctypes.memmove(dst, src, n)
             return True
+        if where == "straddle":
+            _log.error("copy of %d bytes at %#x runs over the edge of a registered device buffer: refused", n,
+                       device_side)
+            return False
         if plat is None:
             _log.error("copy of %d bytes: %#x is device memory and no usable platform copies it", n, device_side)
             return False
