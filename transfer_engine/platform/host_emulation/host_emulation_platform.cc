@@ -173,6 +173,11 @@ class HostEmulationPlatform final : public Platform {
     return Status::Ok();
   }
 
+  // Offset of `addr` from the start of r's mapping (byte 0 of its memfd).
+  static uint64_t OffsetIn(const Region& r, uintptr_t addr) {
+    return addr - reinterpret_cast<uintptr_t>(r.map_base);
+  }
+
   // mu_ held: the device allocation of this platform holding all of [addr, addr+length), or why none does.
   StatusOr<const Region*> DeviceRangeLocked(uintptr_t addr, size_t length) const {
     const Region* r = Find(addr);
@@ -197,12 +202,11 @@ class HostEmulationPlatform final : public Platform {
     StatusOr<const Region*> found = DeviceRangeLocked(addr, length);
     if (!found.ok()) return found.status();
     const Region* r = *found;
-    const auto base = reinterpret_cast<uintptr_t>(r->map_base);
     EmulationHandle h;
     h.pid = getpid();
     h.fd = r->fd;
     h.serial = r->serial;
-    h.offset = addr - base;
+    h.offset = OffsetIn(*r, addr);
     h.length = length;
     h.device = r->device;
     return h.Encode();
@@ -218,11 +222,10 @@ class HostEmulationPlatform final : public Platform {
     StatusOr<const Region*> found = DeviceRangeLocked(addr, length);
     if (!found.ok()) return found.status();
     const Region* r = *found;
-    const auto base = reinterpret_cast<uintptr_t>(r->map_base);
     // The emulation's "dma-buf" is the allocation's memfd (mapped from its byte 0), duplicated for the caller.
     const int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return Errno(ErrorCode::kMemory, "dup of the allocation's memfd");
-    return DmabufExport{fd, static_cast<uint64_t>(addr - base)};
+    return DmabufExport{fd, OffsetIn(*r, addr)};
   }
 
   StatusOr<DeviceLocality> Locality(int device) override {

@@ -39,15 +39,25 @@ TEST(HandleHexTest, RoundTripsAndRefusesMalformedText) {
   EXPECT_TRUE(HandleFromHex(std::string(2 * kMaxHandleBytes, 'A')).ok());
 }
 
+// A transport context on "this-host" over `platforms`; pinned in place (ctx.config points into it).
+struct LocalContext {
+  explicit LocalContext(PlatformRegistry* platforms) {
+    ctx.config = &config;
+    ctx.platforms = platforms;
+    ctx.host_id = "this-host";
+  }
+  LocalContext(const LocalContext&) = delete;
+  LocalContext& operator=(const LocalContext&) = delete;
+  EngineConfig config;
+  TransportContext ctx;
+};
+
 TEST(NvlinkIntraTransportTest, ExportsCudaRegionsAndDeclinesHostMemory) {
   auto cuda = Cuda();
   ASSERT_NE(cuda, nullptr) << "MC_PLATFORM_EMULATION=1 should enable the emulation";
   NvlinkIntraTransport t;
-  EngineConfig config;
-  TransportContext ctx;
-  ctx.config = &config;
-  ctx.platforms = &PlatformRegistry::Get();
-  ctx.host_id = "this-host";
+  LocalContext local(&PlatformRegistry::Get());
+  TransportContext& ctx = local.ctx;
   ASSERT_TRUE(t.Start(ctx).ok());
   auto dev = cuda->Allocate(1 << 20, AllocationKind::kDevice, 0);
   ASSERT_TRUE(dev.ok());
@@ -98,11 +108,8 @@ TEST(NvlinkIntraTransportTest, ReRegisteringAnAddressWhileTheOldRegistrationDrai
   auto cuda = Cuda();
   ASSERT_NE(cuda, nullptr) << "MC_PLATFORM_EMULATION=1 should enable the emulation";
   NvlinkIntraTransport t;
-  EngineConfig config;
-  TransportContext ctx;
-  ctx.config = &config;
-  ctx.platforms = &PlatformRegistry::Get();
-  ctx.host_id = "this-host";
+  LocalContext local(&PlatformRegistry::Get());
+  TransportContext& ctx = local.ctx;
   ASSERT_TRUE(t.Start(ctx).ok());
   nlohmann::json desc = nlohmann::json::object();
   t.Describe(desc);
@@ -156,11 +163,8 @@ TEST(NvlinkIntraTransportTest, ReRegisteringAnAddressWhileTheOldRegistrationDrai
 
 TEST(NvlinkIntraTransportTest, WithoutACudaPlatformItIsInert) {
   NvlinkIntraTransport t;
-  EngineConfig config;
-  TransportContext ctx;
-  ctx.config = &config;
-  ctx.platforms = nullptr;  // as in a process without any usable CUDA platform
-  ctx.host_id = "this-host";
+  LocalContext local(nullptr);  // as in a process without any usable CUDA platform
+  TransportContext& ctx = local.ctx;
   ASSERT_TRUE(t.Start(ctx).ok());
   MemoryRegion region;
   region.start = 0x10000;
