@@ -25,7 +25,12 @@ Any service of mooncake_master.proto can be served this way (``service=``, defau
 clients with an SSD tier serve DiskReplicaService to readers of their disk replicas (store/client/disk_serve.py).
 
 Client: ``FastRpcClient.call(method, request)``; one connection per calling thread, opened lazily and
-reopened after an error. Failures raise ``FastRpcError`` (a ``grpc.RpcError``: ``code()`` UNAVAILABLE,
+reopened after an error. The reply is first polled for up to ``spin_us`` microseconds (non-blocking reads on
+the calling thread) and only then waited for in a blocking read: on virtual machines a thread that sleeps
+for a ~50 us reply costs another ~50 us to wake up, which is most of a small call. The poll is adaptive: a
+connection whose recent replies took longer than the budget (a busy or distant master) blocks at once, so
+the calling thread burns at most ``spin_us`` of CPU per call and nothing while replies are slow.
+``MC_STORE_RPC_SPIN_US`` sets the default budget (``DEFAULT_SPIN_US``); 0 turns polling off. Failures raise ``FastRpcError`` (a ``grpc.RpcError``: ``code()`` UNAVAILABLE,
 DEADLINE_EXCEEDED or INTERNAL), so callers handle both doors alike.
 """
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import struct
 import threading
@@ -55,6 +61,23 @@ FRAME_TIMEOUT_SEC = 30.0
 SMALL_FRAME = 16 << 10  # requests up to this size are read into the connection's own buffer
 SERVER_IDLE_SEC = 300.0  # a server closes a connection without a request for this long
 CLIENT_IDLE_SEC = 120.0  # a client replaces a connection it has not used for this long (< SERVER_IDLE_SEC)
+DEFAULT_SPIN_US = 150  # reply polling budget per call (module docstring); MC_STORE_RPC_SPIN_US overrides
+_SPIN_DECAY = 0.125  # weight of the newest reply time in a connection's running average
+
+
+def spin_budget_from_env() -> float:
+    """The reply polling budget in seconds: MC_STORE_RPC_SPIN_US (microseconds, >= 0), else DEFAULT_SPIN_US.
+    A malformed value is refused with ValueError (a typo must not silently change latency)."""
+    raw = os.environ.get("MC_STORE_RPC_SPIN_US", "").strip()
+    if not raw:
+        return DEFAULT_SPIN_US * 1e-6
+    try:
+        us = int(raw)
+    except ValueError:
+        raise ValueError(f"MC_STORE_RPC_SPIN_US={raw!r}: expected a whole number of microseconds") from None
+    if us < 0 or us > 100_000:
+        raise ValueError(f"MC_STORE_RPC_SPIN_US={us}: expected 0..100000 microseconds")
+    return us * 1e-6
 
 
 def _timeval(seconds: float) -> bytes:
@@ -332,10 +355,11 @@ class _ThreadConn:
     """One calling thread's connection (kept in a threading.local): when the thread ends, the holder is freed
     and a finalizer closes the socket, so threads that come and go leave no connections behind."""
 
-    __slots__ = ("sock", "timeout", "buf", "last_used", "__weakref__")
+    __slots__ = ("sock", "timeout", "buf", "last_used", "wait", "__weakref__")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.timeout, self.buf, self.last_used = sock, None, bytearray(SMALL_FRAME), time.monotonic()
+        self.wait = 0.0  # running average of reply times (seconds): above the polling budget, no polling
 
 
 def _forget(socks: set, lock: threading.Lock, sock: socket.socket) -> None:
@@ -346,10 +370,15 @@ def _forget(socks: set, lock: threading.Lock, sock: socket.socket) -> None:
 
 class FastRpcClient:
     def __init__(self, host: str, port: int, timeout: float = 30.0, service: str = "MasterService",
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, spin_us: float | None = None) -> None:
+        """`spin_us`: reply polling budget per call (module docstring); None: MC_STORE_RPC_SPIN_US or
+        DEFAULT_SPIN_US; 0: always a blocking read."""
         self.address = (host, port)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        if spin_us is not None and not 0 <= spin_us <= 100_000:
+            raise ValueError(f"spin_us={spin_us}: expected 0..100000 microseconds")
+        self._spin = spin_budget_from_env() if spin_us is None else spin_us * 1e-6
         self._methods = _methods(service)
         self._local = threading.local()
         self._views = threading.local()
@@ -398,7 +427,9 @@ class FastRpcClient:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
                 c.timeout = timeout
             sock.sendall(_REQ_HEAD.pack(len(payload), self._methods.index[method]) + payload)
-            body, status = self._reply(sock, c.buf)
+            sent = time.perf_counter()
+            body, status = self._reply(sock, c.buf, self._spin if c.wait <= self._spin else 0.0)
+            c.wait += _SPIN_DECAY * (time.perf_counter() - sent - c.wait)
             c.last_used = time.monotonic()
         except OSError as e:  # ConnectionError too; a kernel timeout shows as EAGAIN
             self._drop(c)
@@ -420,12 +451,25 @@ class FastRpcClient:
         return getattr(self._views, "view", 0)
 
     @staticmethod
-    def _reply(sock: socket.socket, buf: bytearray) -> tuple[bytes, int]:
+    def _reply(sock: socket.socket, buf: bytearray, spin: float = 0.0) -> tuple[bytes, int]:
         """Reads one reply: usually a single recv into this thread's buffer; a large one reads on into a
-        buffer of its announced size."""
+        buffer of its announced size. The first bytes are polled for up to `spin` seconds, then waited for
+        (bounded by the socket's SO_RCVTIMEO)."""
         view = memoryview(buf)
         head = _REPLY_HEAD.size
         have = 0
+        if spin > 0.0:
+            give_up = time.perf_counter() + spin
+            while True:
+                try:
+                    have = sock.recv_into(view, 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter() < give_up:
+                        continue
+                    break
+                if not have:
+                    raise ConnectionError("connection closed")
+                break
         while have < head:
             k = sock.recv_into(view[have:])
             if not k:

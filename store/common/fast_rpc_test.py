@@ -185,3 +185,83 @@ def test_connection_cap_and_oversized_requests(small_server):
         fc.call("BatchExistKey", pb.BatchKeysRequest(keys=["k" * 65536] * (MAX_FRAME // 65536 + 1)))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not err.value.sent
     fc.close()
+
+
+class _SlowServicer:
+    """A MasterServicer whose ExistKey answers after `delay` seconds (the other methods as the real one)."""
+
+    def __init__(self, inner: MasterServicer, delay: float) -> None:
+        self._inner, self.delay = inner, delay
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def ExistKey(self, request, context):
+        time.sleep(self.delay)
+        return self._inner.ExistKey(request, context)
+
+
+@pytest.fixture
+def slow_server():
+    servicer = _SlowServicer(MasterServicer(MasterService(MasterConfig())), 0.0)
+    server = FastRpcServer(servicer, "127.0.0.1", 0).start()
+    yield server, servicer
+    server.stop()
+
+
+def _cpu_per_call(client: FastRpcClient, calls: int) -> float:
+    t = time.thread_time()
+    for _ in range(calls):
+        assert client.call("ExistKey", pb.KeyRequest(key="k")).exists is False
+    return (time.thread_time() - t) / calls
+
+
+def test_reply_polling_reads_fast_and_late_replies(slow_server):
+    server, servicer = slow_server
+    c = FastRpcClient("127.0.0.1", server.port, spin_us=2000)
+    try:
+        assert _cpu_per_call(c, 50) >= 0  # fast replies, read by polling
+        servicer.delay = 0.02  # later than the budget: polling gives up, the blocking read gets it
+        assert c.call("ExistKey", pb.KeyRequest(key="k")).exists is False
+    finally:
+        c.close()
+
+
+def test_reply_polling_stops_while_replies_are_slow(slow_server):
+    """A budget of 5 ms against replies of 20 ms: the first calls poll 5 ms each (thread CPU), then the
+    connection's average says the master is slow and calls block at once."""
+    server, servicer = slow_server
+    servicer.delay = 0.02
+    c = FastRpcClient("127.0.0.1", server.port, spin_us=5000)
+    try:
+        assert _cpu_per_call(c, 1) > 0.003  # polled (CPU spent while waiting)
+        _cpu_per_call(c, 10)
+        assert _cpu_per_call(c, 10) < 0.001  # adapted: no more polling
+        servicer.delay = 0.0  # fast again: the average falls below the budget and polling resumes
+        _cpu_per_call(c, 60)
+        assert c._local.conn.wait < 0.005
+    finally:
+        c.close()
+    off = FastRpcClient("127.0.0.1", server.port, spin_us=0)
+    try:
+        servicer.delay = 0.02
+        assert _cpu_per_call(off, 3) < 0.001  # polling off: blocking reads from the first call
+    finally:
+        off.close()
+
+
+def test_reply_polling_budget_from_environment(monkeypatch):
+    from mooncake.store.common.fast_rpc import DEFAULT_SPIN_US, spin_budget_from_env
+
+    monkeypatch.delenv("MC_STORE_RPC_SPIN_US", raising=False)
+    assert spin_budget_from_env() == pytest.approx(DEFAULT_SPIN_US * 1e-6)
+    monkeypatch.setenv("MC_STORE_RPC_SPIN_US", "0")
+    assert spin_budget_from_env() == 0.0
+    monkeypatch.setenv("MC_STORE_RPC_SPIN_US", "250")
+    assert spin_budget_from_env() == pytest.approx(250e-6)
+    for bad in ("fast", "-1", "1e9"):
+        monkeypatch.setenv("MC_STORE_RPC_SPIN_US", bad)
+        with pytest.raises(ValueError, match="MC_STORE_RPC_SPIN_US"):
+            spin_budget_from_env()
+    with pytest.raises(ValueError, match="spin_us"):
+        FastRpcClient("127.0.0.1", 1, spin_us=-5)
