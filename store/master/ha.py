@@ -261,6 +261,7 @@ class HaController:
         self._stream_view = 0
         self._stream_retry_at = 0.0
         self._unlogged: list[dict] = []
+        self._before_takeover: tuple | None = None  # (t.held, view) before a takeover not yet served
         self._unlogged_lock = threading.Lock()
         self._not_eligible_logged = ""
         self._next_compact = 0.0
@@ -579,6 +580,11 @@ class HaController:
                             f"memory")
             return
         try:
+            with svc.lock:
+                # take_over drops held buffers that overlap live data (a change no log record makes) and the
+                # view changes: a step-down before serving puts both back, so a state kept as "the log plus the
+                # held records" is exactly that (the rest take_over touches is derived or timing state).
+                self._before_takeover = (list(svc.table.held), svc.view_version)
             durable.take_over(svc)
             with svc.lock:
                 svc.view_version = view
@@ -604,6 +610,7 @@ class HaController:
                                                self._cfg.ha_sync_timeout_ms / 1000.0,
                                                snapshot=lambda: durable.snapshot_state(svc))
             svc.start_monitor()
+            self._before_takeover = None
             self.gate.open(self._journal, self._last_renew_ok + self._cfg.ha_lease_ttl_sec / 2, self._leader_sync)
         except Exception as e:  # noqa: BLE001  (a backend error, a bug): never hold the lease without serving
             # take_over (or what followed) stopped part way: the state is not known to match the log.
@@ -661,6 +668,10 @@ class HaController:
                 discard, why = True, f"{why}; the state (op {applied}) is not the log plus the held ops"
             if discard:
                 self._unlogged = []
+            before, self._before_takeover = self._before_takeover, None
+            if not discard and before is not None:
+                with svc.lock:
+                    svc.table.held, svc.view_version = before
         if discard:
             _log.error("not taking over (view %d): %s; dropping this master's state (ops only it held are lost) "
                        "and starting over from the log", self.view, why)

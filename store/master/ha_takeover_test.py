@@ -83,6 +83,44 @@ def test_step_down_keeps_the_log_plus_held_records(etcd):
     assert [r["lsn"] for r in c._unlogged] == [1, 2]
 
 
+def test_step_down_after_take_over_keeps_exactly_the_log_plus_held_records(etcd):
+    """take_over ran (allocators rebuilt, a held buffer that overlaps live data dropped: a change no log
+    record makes), then the takeover could not finish: the state kept is exactly the one before take_over
+    (the log plus the held records), with allocators no longer live, and a later takeover serves it."""
+    c = controller(etcd, "keep-after-takeover", ha_sync_standbys=False)
+    svc = c._svc
+    c._become_standby(reset=False)
+    leader = MasterService(MasterConfig(client_ttl_sec=1e6))
+    recs = []
+    leader.journal = types.SimpleNamespace(append=lambda op: recs.append(
+        dict(durable.ops.encode(op, lambda t: t), lsn=leader.applied_ops, v=3)))
+    mount(leader, "s0")
+    code, _ = leader.put_start("c0", "k", 4096)
+    assert code == E.OK and leader.put_end("c0", "k") == E.OK
+    with c._unlogged_lock:
+        c._unlogged = list(recs)
+        durable.replay(svc, recs)
+    with svc.lock:  # a held buffer over the object's range: rebuild_allocators drops it
+        rep = durable.replicas_of(svc.table.objects["k"])[0]
+        svc.table.held.append(durable.Held("old", (rep,), svc.now() + 3600.0))
+    before = durable.snapshot_state(svc)
+    # Won, then deposed before serving (its lease gone): the journal's write of the held ops is fenced.
+    view = c.store.campaign(c._address, TTL)
+    assert view
+    c.store.resign()
+    c._become_leader(view)
+    assert svc.role == "standby" and not svc.allocators_live
+    assert c._unlogged and [r["lsn"] for r in c._unlogged] == [1, 2, 3]
+    def durable_part(state):  # times are wall-clock conversions of monotonic ones: equal to the microsecond
+        out = {k: v for k, v in state.items() if k != "taken"}
+        out["held"] = [[k, reps, round(at, 4), w] for k, reps, at, w in out["held"]]
+        return out
+
+    assert durable_part(durable.snapshot_state(svc)) == durable_part(before)
+    durable.take_over(svc)  # the next takeover works on it (the same rebuild, the overlap dropped again)
+    assert svc.allocators_live and svc.table.held == [] and "k" in svc.table.objects
+
+
 class SpyLock:
     """The service lock, recording what another thread that acquires it right after each release would see."""
 
