@@ -321,13 +321,15 @@ class HaController:
         retried at the next tick. Ends when ``stop`` sets ``_stop``."""
         ttl = self._cfg.ha_lease_ttl_sec
         while not self._stop.is_set():
+            # Cleared before the name is read: a rename (reset) during the renewal wakes the next one at once,
+            # which replaces the old name's key (the old name never stays announced for a whole period).
+            self._presence_wake.clear()
             if self._svc.role == "standby":
                 try:
                     self.store.announce(self.name, PRESENCE_TTLS * ttl)
                 except BackendError as e:
                     _log.warning("presence not renewed: %s", e)
             self._presence_wake.wait(ttl / 2)
-            self._presence_wake.clear()
 
     def stop(self) -> None:
         self._stop.set()
