@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from mooncake.store.common.errors import ErrorCode
 from mooncake.store.master import ops
-from mooncake.store.master.objects import Held, PendingPut, PutKind, pack_replicas, replicas_of
+from mooncake.store.master.objects import Held, PendingPut, PutKind, ReplicationOp, pack_replicas, replicas_of
 
 if TYPE_CHECKING:
     from mooncake.store.master.service import MasterService
@@ -120,6 +120,33 @@ def _set_replicas(svc, op: ops.SetReplicas):
         svc._free(op.retired)
 
 
+def _replication_start(svc, op: ops.ReplicationStart):
+    svc.table.busy[op.key] = ReplicationOp(op.client_id, op.move, op.source[0], list(op.replicas), op.started)
+
+
+def _replication_finish(svc, op: ops.ReplicationFinish):
+    """Returns OK, or OBJECT_NOT_FOUND for an "end" whose object lost every replica meanwhile."""
+    t = svc.table
+    r = t.busy.pop(op.key)
+    if op.outcome == "revoke":
+        svc._free(r.new)
+    elif op.outcome == "abandon":
+        t.held.append(Held(op.key, tuple(r.new), op.at + svc.config.put_start_release_timeout_sec, r.client_id))
+    elif op.outcome == "end":
+        value = t.objects.get(op.key)
+        if value is None:  # every replica went meanwhile (a segment unmounted)
+            svc._free(r.new)
+            return ErrorCode.OBJECT_NOT_FOUND
+        reps = list(replicas_of(value))
+        src = r.source  # matched by place: a replayed op's replicas are new objects
+        retired = tuple(x for x in reps if r.move and x.segment is src.segment and x.offset == src.offset)
+        reps = [x for x in reps if x not in retired] + r.new
+        svc._apply(ops.SetReplicas(op.key, tuple(reps), retired, op.hold_until if retired else 0.0))
+    else:
+        raise ValueError(f"unknown copy/move outcome {op.outcome!r}")
+    return OK
+
+
 def _release_held(svc, op: ops.ReleaseHeld):
     names = set(op.entries)
     keep = []
@@ -167,6 +194,7 @@ HANDLERS = {
     ops.ReleaseHeld: _release_held, ops.MountDisk: _mount_disk, ops.UnmountDisk: _unmount_disk,
     ops.DiskReplicaAdd: _disk_add, ops.DiskReplicaRemove: _disk_remove, ops.Reserve: _reserve,
     ops.ReservedCommit: _reserved_commit, ops.ReleaseReservation: _release_reservation,
+    ops.ReplicationStart: _replication_start, ops.ReplicationFinish: _replication_finish,
 }
 assert set(HANDLERS) == set(ops.OPS)
 

@@ -29,7 +29,7 @@ import threading
 import time
 
 from mooncake.store.master import ops
-from mooncake.store.master.objects import Held, PendingPut, PutKind, pack_replicas, replicas_of
+from mooncake.store.master.objects import Held, PendingPut, PutKind, ReplicationOp, pack_replicas, replicas_of
 from mooncake.store.master.segments import Replica
 
 _log = logging.getLogger("mooncake.store.master")
@@ -67,6 +67,8 @@ def state_locked(svc) -> dict:
         "disk_clients": [[c.client_id, c.endpoint] for c in svc.disk_tier.clients.values()],
         "disk": [[k, d.owner.client_id, d.size, d.seq] for k, d in t.disk.items()],
         "reservations": [[r.id, r.client_id, r.segment.id, r.cursor, r.end] for r in svc.reservations.values()],
+        "busy": [[k, b.client_id, b.move, _reps([b.source]), _reps(b.new), b.started + off]
+                 for k, b in t.busy.items()],
     }
 
 
@@ -119,6 +121,8 @@ def load_state_locked(svc, state: dict) -> None:
     now = svc.now()
     for rid, client_id, seg_id, cursor, end in state["reservations"]:
         svc.reservation_pool.add(rid, client_id, segs.get(seg_id), cursor, end, now)
+    for key, client_id, move, source, new, started in state.get("busy", ()):  # absent in older snapshots
+        t.busy[key] = ReplicationOp(client_id, bool(move), reps(source)[0], reps(new), started - off)
     svc.applied_ops = int(state["seq"])
 
 
@@ -155,6 +159,7 @@ def take_over(svc, hold_leases: bool = True) -> None:
         t = svc.table
         owners = {s.client_id for s in svc.segments.all()} | set(svc.disk_tier.clients)
         owners |= {p.client_id for p in t.pending.values()} | {r.client_id for r in svc.reservations.values()}
+        owners |= {op.client_id for op in t.busy.values()}
         for c in owners:
             svc.clients.register(c, now)
         for r in svc.reservations.values():
@@ -193,6 +198,9 @@ def rebuild_allocators(svc) -> None:
     for b in svc.reservations.values():
         if b.end > b.cursor:
             claim(Replica(b.segment, b.cursor, b.end - b.cursor))
+    for op in t.busy.values():  # a copy/move's new buffers: its executor may be writing them
+        for r in op.new:
+            claim(r)
     for lst in live.values():
         lst.sort()
         for (o1, n1), (o2, _) in zip(lst, lst[1:]):

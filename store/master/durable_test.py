@@ -31,7 +31,7 @@ def comparable(svc) -> dict:
     st = durable.snapshot_state(svc)
     for k in ("taken", "view_version"):
         st.pop(k)
-    for k in ("soft_pins", "pending", "held"):  # wall-clock times: compare to the millisecond
+    for k in ("soft_pins", "pending", "held", "busy"):  # wall-clock times: compare to the millisecond
         for row in st[k]:
             for i, v in enumerate(row):
                 if isinstance(v, float):
@@ -110,8 +110,12 @@ def workload(svc, clock, rng, steps, on_step=None):
             target = rng.choice(("h0", "h1", "h2"))
             code = (svc.copy_start(client, key, "", [target]) if op == "copy"
                     else svc.move_start(client, key, "", target))[0]
-            if code == E.OK:
-                (svc.copy_end if op == "copy" else svc.move_end)(client, key)
+            if code == E.OK:  # ended, revoked, or left in flight (durable: the next tick may abandon it)
+                fate = rng.random()
+                if fate < 0.6:
+                    (svc.copy_end if op == "copy" else svc.move_end)(client, key)
+                elif fate < 0.8:
+                    (svc.copy_revoke if op == "copy" else svc.move_revoke)(client, key)
         elif op == "clear":
             svc.batch_replica_clear(client, [key], rng.choice(("", "h0", "h1")))
         elif op == "unmount":
@@ -133,8 +137,6 @@ def workload(svc, clock, rng, steps, on_step=None):
                 svc.mount_local_disk("c1", "127.0.0.1:1")
         if on_step is not None:
             on_step(step)
-    for k in keys:  # leave no copy/move in flight (not durable)
-        svc.replicator.cancel(k)
 
 
 def leader(tmp_path, clock, **cfg):
@@ -237,3 +239,40 @@ def test_in_flight_put_survives_a_restart(tmp_path):
     clock.t += 6
     other.tick()
     assert "b" not in other.table.pending and other.exist("b") == (E.OK, False)
+
+
+def test_copy_in_flight_survives_a_restart(tmp_path):
+    """A copy started before the restart: the restored master knows its new buffer (a new put never gets that
+    space while the executor may still write it), the executor's end adds the replica there; a second copy,
+    never ended, is abandoned by the timeout with its buffer held, not freed."""
+    clock = Clock()
+    cfg = dict(put_start_discard_timeout_sec=5, put_start_release_timeout_sec=5)
+    svc = leader(tmp_path, clock, **cfg)
+    assert svc.mount_segment("c0", SegmentSpec("a", "h0", 0x100000, 16 * KiB)) == E.OK
+    assert svc.mount_segment("c1", SegmentSpec("b", "h1", 0x200000, 16 * KiB)) == E.OK
+    for key in ("x", "y"):
+        assert svc.put_start("c0", key, 4 * KiB, PutConfig(preferred_segments=("h0",)))[0] == E.OK
+        assert svc.put_end("c0", key) == E.OK
+    code, _, (target,) = svc.copy_start("c1", "x", "h0", ["h1"])
+    assert code == E.OK and target.segment.id == "b"
+    code, _, (stuck,) = svc.copy_start("c1", "y", "h0", ["h1"])
+    assert code == E.OK
+    other, _ = restored(tmp_path, clock, **cfg)
+    durable.take_over(other)
+    assert comparable(other) == comparable(svc)
+    assert set(other.table.busy) == {"x", "y"}
+    # h1 has 16 KiB: 8 KiB belong to the two copies; new puts get only the rest, never the copies' buffers.
+    taken = {(target.offset, target.size), (stuck.offset, stuck.size)}
+    for i in range(2):
+        code, reps = other.put_start("c1", f"n{i}", 4 * KiB, PutConfig(preferred_segments=("h1",)))
+        assert code == E.OK and reps[0].segment.id == "b" and (reps[0].offset, reps[0].size) not in taken
+    assert other.segments.get("b").allocator.free_bytes == 0  # full: the copies' buffers stayed taken
+    assert other.copy_end("c1", "x") == E.OK
+    code, reps, _ = other.get_replica_list("x")
+    assert code == E.OK and sorted(r.segment.id for r in reps) == ["a", "b"]
+    assert [(r.offset, r.size) for r in reps if r.segment.id == "b"] == [(target.offset, target.size)]
+    clock.t += 6
+    other.tick()  # the copy of y timed out: abandoned, its buffer held (the executor may still write)
+    assert "y" not in other.table.busy
+    assert any(h.key == "y" and h.writer == "c1" and h.replicas[0].offset == stuck.offset for h in other.table.held)
+    assert other.copy_end("c1", "y") == E.OBJECT_NO_REPLICATION_TASK

@@ -151,6 +151,20 @@ def pack_replicas(replicas) -> Replica | tuple[Replica, ...]:
     return replicas[0] if len(replicas) == 1 else replicas
 
 
+class ReplicationOp:
+    """A copy/move in progress (replication.py): `client_id` copies `source` into the `new` buffers; a move
+    retires the source at the end. Durable (ops.ReplicationStart / ReplicationFinish)."""
+
+    __slots__ = ("client_id", "move", "source", "new", "started")
+
+    def __init__(self, client_id: str, move: bool, source: Replica, new: list[Replica], started: float) -> None:
+        self.client_id = client_id
+        self.move = move
+        self.source = source
+        self.new = new
+        self.started = started
+
+
 class ObjectTable:
     def __init__(self) -> None:
         self.objects: dict[str, Replica | tuple[Replica, ...]] = {}  # committed; LRU order, oldest first
@@ -158,7 +172,7 @@ class ObjectTable:
         self.leases: dict[str, float] = {}  # key -> lease deadline (may hold expired entries until purge)
         self.soft_pins: dict[str, float] = {}  # key -> soft pin deadline
         self.hard_pins: set[str] = set()
-        self.busy: dict[str, object] = {}  # key -> copy/move in progress (replication.ReplicationOp)
+        self.busy: dict[str, ReplicationOp] = {}  # key -> copy/move in progress
         self.held: list[Held] = []
         self.disk: dict[str, DiskReplica] = {}  # key -> its file in a client's SSD tier
         self.offloading: dict[str, OffloadTask] = {}  # key -> its pending offload (committed, no file yet)

@@ -3,8 +3,9 @@
 
 Durable state: mounted segments, committed objects (replicas, pins), puts in progress, buffers held back from
 reuse, reserved blocks, SSD-tier clients and their disk replicas. Not durable (rebuilt or re-learnt after a
-restart or failover): read leases, the LRU order, client liveness, offload task queues, copy/move operations in
-flight, metrics. Allocator state is derived: a master that takes over rebuilds every segment's free space from
+restart or failover): read leases, the LRU order, client liveness, offload task queues, copy/move tasks not yet
+started by their executor, metrics. Copy/move operations in flight are durable (their new buffers are live space
+a master that takes over must not hand out while the executor may still write them). Allocator state is derived: a master that takes over rebuilds every segment's free space from
 the durable state (``MasterService.rebuild_allocators``).
 
 Contract of an op: it carries every decision a handler would otherwise take from non-durable state (leases, the
@@ -117,6 +118,30 @@ class SetReplicas:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicationStart:
+    """`client_id` starts copying committed `key` from `source` (one replica) into the new buffers `replicas`
+    (allocated by the deciding master); a `move` retires the source at the end."""
+    key: str
+    client_id: str
+    move: bool
+    source: tuple[Replica, ...]
+    replicas: tuple[Replica, ...]
+    started: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicationFinish:
+    """The copy/move of `key` ends. `outcome`: "end" (the new buffers join the object; a move's source is held
+    until `hold_until`, 0: freed), "revoke" (the executor gave up: new buffers freed), "abandon" (timed out or
+    cancelled by a forced remove: the executor may still write, so the new buffers are held until
+    `at` + --put_start_release_timeout_sec)."""
+    key: str
+    outcome: str
+    at: float
+    hold_until: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class ReleaseHeld:
     """Held buffers become free: each entry (key, segment id, offset) names a held entry by its first replica."""
     entries: tuple[tuple[str, str, int], ...]
@@ -177,9 +202,10 @@ class ReleaseReservation:
 
 OPS = (MountSegment, UnmountSegment, ExpireClient, PutStart, PutCommit, PutRevoke, PutDiscard, Remove, Evict,
        SetReplicas, ReleaseHeld, MountDisk, UnmountDisk, DiskReplicaAdd, DiskReplicaRemove, Reserve,
-       ReservedCommit, ReleaseReservation)
+       ReservedCommit, ReleaseReservation, ReplicationStart, ReplicationFinish)
 _BY_NAME = {cls.__name__: cls for cls in OPS}
 _TIME_FIELDS = frozenset(("started", "at", "old_hold_until", "hold_until"))
+_REPLICA_FIELDS = frozenset(("replicas", "retired", "source"))
 
 
 def _enc_replicas(reps) -> list:
@@ -201,7 +227,7 @@ def _field_kinds(cls) -> tuple:
     kinds = _FIELD_KINDS.get(cls)
     if kinds is None:
         def kind(name: str) -> str:
-            if name in ("replicas", "retired"):
+            if name in _REPLICA_FIELDS:
                 return "replicas"
             if name in ("config", "kind"):
                 return name
@@ -248,7 +274,7 @@ def decode(d: dict, segment_of: Callable[[str], object], from_wall: Clock):
                     raise ValueError(f"{cls.__name__}: missing field {f.name!r}")
                 continue
             v = d[f.name]
-            if f.name in ("replicas", "retired"):
+            if f.name in _REPLICA_FIELDS:
                 reps = []
                 for seg_id, offset, size in v:
                     seg = segment_of(seg_id)

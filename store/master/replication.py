@@ -12,9 +12,11 @@ stuck put), or at once when the executing client expires or a segment involved i
 Tasks (tasks.py) are the asynchronous form: the master records the plan and assigns it to the client that
 owns the (first) target segment, which fetches it, runs start/end and reports completion.
 
-Durability: a copy/move in flight is not durable (a master that takes over knows neither the operation nor its
-new buffers; the executor's end then fails). Its outcome is: ``end`` and ``batch_clear`` change the object
-through ops.SetReplicas.
+Durability: an operation in flight is durable (ops.ReplicationStart when it starts, ops.ReplicationFinish when
+it ends, is revoked or abandoned): a master that takes over (failover, restart with a snapshot) knows its new
+buffers, never hands them out while the executor may still write them, and accepts the executor's end or
+revoke. ``batch_clear`` changes objects through ops.SetReplicas. Tasks not yet started by their executor are
+not durable (tasks.py): a task lost at a failover is simply not run.
 
 Threading: every public method takes the service lock; ``on_*``, ``expire`` and ``cancel`` expect it held.
 """
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from mooncake.store.common.errors import ErrorCode
 from mooncake.store.master import ops
-from mooncake.store.master.objects import Held, replicas_of
+from mooncake.store.master.objects import replicas_of
 from mooncake.store.master.segments import Replica, Segment
 from mooncake.store.master.tasks import TaskType
 
@@ -33,17 +35,6 @@ if TYPE_CHECKING:
     from mooncake.store.master.service import MasterService
 
 OK = ErrorCode.OK
-
-
-class ReplicationOp:
-    __slots__ = ("client_id", "move", "source", "new", "started")
-
-    def __init__(self, client_id: str, move: bool, source: Replica, new: list[Replica], started: float) -> None:
-        self.client_id = client_id
-        self.move = move
-        self.source = source
-        self.new = new
-        self.started = started
 
 
 class Replicator:
@@ -85,50 +76,39 @@ class Replicator:
                 return ErrorCode.NO_AVAILABLE_HANDLE, None, []
             exclude.add(r.segment.id)
             new.append(r)
-        t.busy[key] = ReplicationOp(client_id, move, src, new, now)
+        svc._apply(ops.ReplicationStart(key, client_id, move, (src,), tuple(new), now))
         return OK, src, new
 
     def end(self, client_id: str, key: str, move: bool) -> ErrorCode:
         svc = self._svc
         with svc.lock:
-            code, op = self._take(client_id, key, move)
+            code = self._check_owner(client_id, key, move)
             if code == OK:
-                value = svc.table.objects.get(key)
-                if value is None:  # the object lost every replica meanwhile (segment unmounted)
-                    svc._free(op.new)
-                    code = ErrorCode.OBJECT_NOT_FOUND
-                else:
-                    reps = list(replicas_of(value))
-                    retired = ()
-                    if move and op.source in reps:
-                        reps.remove(op.source)
-                        retired = (op.source,)
-                    reps.extend(op.new)
-                    hold = svc.table.lease_deadline(key, svc.now()) if retired else 0.0
-                    svc._apply(ops.SetReplicas(key, tuple(reps), retired, hold))
+                now = svc.now()
+                hold = svc.table.lease_deadline(key, now) if move else 0.0  # the source's readers
+                code = svc._apply(ops.ReplicationFinish(key, "end", now, hold))
             svc.metrics.count("move_end" if move else "copy_end", code)
             return code
 
     def revoke(self, client_id: str, key: str, move: bool) -> ErrorCode:
         svc = self._svc
         with svc.lock:
-            code, op = self._take(client_id, key, move)
+            code = self._check_owner(client_id, key, move)
             if code == OK:
-                svc._free(op.new)
+                svc._apply(ops.ReplicationFinish(key, "revoke", svc.now()))
             svc.metrics.count("move_revoke" if move else "copy_revoke", code)
             return code
 
-    def _take(self, client_id: str, key: str, move: bool) -> tuple[ErrorCode, ReplicationOp | None]:
-        busy = self._svc.table.busy
-        op = busy.get(key)
+    def _check_owner(self, client_id: str, key: str, move: bool) -> ErrorCode:
+        """Whether `client_id` runs the copy (move) of `key`: OK, or why not."""
+        op = self._svc.table.busy.get(key)
         if op is None:
-            return ErrorCode.OBJECT_NO_REPLICATION_TASK, None
+            return ErrorCode.OBJECT_NO_REPLICATION_TASK
         if op.client_id != client_id:
-            return ErrorCode.ILLEGAL_CLIENT, None
+            return ErrorCode.ILLEGAL_CLIENT
         if op.move != move:
-            return ErrorCode.INVALID_PARAMS, None
-        del busy[key]
-        return OK, op
+            return ErrorCode.INVALID_PARAMS
+        return OK
 
     # -- tasks -----------------------------------------------------------------------------------------------
     def create_task(self, key: str, source: str, targets: tuple[str, ...], move: bool) -> tuple[ErrorCode, str]:
@@ -182,9 +162,10 @@ class Replicator:
 
     # -- hooks called by the service with its lock held --------------------------------------------------------
     def cancel(self, key: str) -> None:
-        op = self._svc.table.busy.pop(key, None)
-        if op is not None:
-            self._svc._free(op.new)
+        """A forced remove of a busy object (lock held, not in a handler): the operation is abandoned; its
+        executor may still write the new buffers, so they are held as a stuck put's are."""
+        if key in self._svc.table.busy:
+            self._svc._apply(ops.ReplicationFinish(key, "abandon", self._svc.now()))
 
     def on_segment_unmounted(self, seg: Segment) -> None:
         busy = self._svc.table.busy
@@ -205,9 +186,7 @@ class Replicator:
         busy = svc.table.busy
         timeout = svc.config.put_start_discard_timeout_sec
         for key in [k for k, op in busy.items() if now - op.started >= timeout]:
-            op = busy.pop(key)
-            svc.table.held.append(Held(key, tuple(op.new), now + svc.config.put_start_release_timeout_sec,
-                                       op.client_id))
+            svc._apply(ops.ReplicationFinish(key, "abandon", now))
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def _committed(self, key: str):
