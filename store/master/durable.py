@@ -44,20 +44,23 @@ def _reps(reps) -> list:
 
 def snapshot_state(svc) -> dict:
     """The durable state of `svc` as JSON-able data (times in wall-clock seconds), with ``seq``: the number of
-    ops applied so far (``svc.applied_ops``). Takes the service lock."""
+    ops applied so far (``svc.applied_ops``). Takes the service lock, for all but the encoding of the objects."""
     with svc.lock:
-        return state_locked(svc)
+        state = state_locked(svc)
+    return finish_state(state)
 
 
 def state_locked(svc) -> dict:
-    """snapshot_state with the lock held by the caller."""
+    """snapshot_state with the lock held by the caller, except that the objects (the bulk of a large state)
+    are only copied: ``finish_state`` encodes them after the lock is released. That is safe because an
+    object's value is never changed in place (ObjectTable.objects holds immutable Replica/tuple values)."""
     off = svc.wall() - svc.now()
     t = svc.table
     return {
         "version": 1, "seq": svc.applied_ops, "taken": time.time(), "view_version": svc.view_version,
         "segments": [[s.client_id, s.id, s.name, s.base, s.size, s.te_endpoint, s.protocol]
                      for s in svc.segments.all()],
-        "objects": [[k, _reps(replicas_of(v))] for k, v in t.objects.items()],
+        "objects": list(t.objects.items()),
         "hard_pins": list(t.hard_pins),
         "soft_pins": [[k, d + off] for k, d in t.soft_pins.items()],
         "pending": [[k, p.client_id, p.size, _reps(p.replicas), p.started + off, ops.encode_config(p.config),
@@ -70,6 +73,12 @@ def state_locked(svc) -> dict:
         "busy": [[k, b.client_id, b.move, _reps([b.source]), _reps(b.new), b.started + off]
                  for k, b in t.busy.items()],
     }
+
+
+def finish_state(state: dict) -> dict:
+    """Encodes the objects state_locked copied (no lock needed); returns `state`."""
+    state["objects"] = [[k, _reps(replicas_of(v))] for k, v in state["objects"]]
+    return state
 
 
 def load_state(svc, state: dict) -> None:
@@ -367,7 +376,7 @@ class Snapshotter:
             state = state_locked(self._svc)
             if self._journal is not None:
                 self._journal.rotate(state["seq"])
-        path = write_snapshot(self._dir, state, self._retention)
+        path = write_snapshot(self._dir, finish_state(state), self._retention)
         self.last_seq, self.last_time = state["seq"], time.time()
         return path
 

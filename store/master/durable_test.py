@@ -276,3 +276,23 @@ def test_copy_in_flight_survives_a_restart(tmp_path):
     assert "y" not in other.table.busy
     assert any(h.key == "y" and h.writer == "c1" and h.replicas[0].offset == stuck.offset for h in other.table.held)
     assert other.copy_end("c1", "y") == E.OBJECT_NO_REPLICATION_TASK
+
+
+def test_snapshot_encodes_the_objects_outside_the_service_lock(tmp_path, monkeypatch):
+    """A snapshot of a large state holds the lock only to copy the object table: the per-object encoding (the
+    bulk of the work) runs with the lock free, so RPCs are not stalled for its length."""
+    clock = Clock()
+    svc = leader(tmp_path, clock)
+    assert svc.mount_segment("c0", SegmentSpec("a", "h0", 0x100000, 4096 * KiB)) == E.OK
+    for i in range(500):
+        assert svc.put_start("c0", f"k{i}", 64)[0] == E.OK and svc.put_end("c0", f"k{i}") == E.OK
+    locked = []
+    real = durable._reps
+    monkeypatch.setattr(durable, "_reps", lambda reps: (locked.append(svc.lock.locked()), real(reps))[1])
+    state = durable.snapshot_state(svc)
+    assert len(state["objects"]) == 500 and state["objects"][0][1][0][0] == "a"
+    assert locked.count(False) >= 500, "objects were encoded under the service lock"
+    monkeypatch.setattr(durable, "_reps", real)
+    other = MasterService(MasterConfig(client_ttl_sec=1e6), clock=clock)
+    durable.load_state(other, json.loads(json.dumps(state)))
+    assert len(other.table.objects) == 500
