@@ -73,6 +73,7 @@ class BackendJournal:
         self.records = 0
         self.failed = False
         self.ring: list[str] = []  # records as JSON, ring[0] is op ring_first
+        self.ring_bytes = 0  # characters held by ring (a batch commit's record can be large)
         self.ring_first = self.written + 1  # lsn of ring[0]
         self.relaxed = None  # callable, cond held: whether calls are answered without the log (standby_sync)
         self._work = threading.Event()  # wakes the flusher (appends do not notify `cond`: nobody waits for them)
@@ -87,6 +88,7 @@ class BackendJournal:
                     text = json.dumps(rec, separators=(",", ":"))
                     self._queue.append((rec["lsn"], text))
                     self.ring.append(text)
+                    self.ring_bytes += len(text)
         self._work.set()
 
     def append(self, op) -> None:
@@ -100,6 +102,7 @@ class BackendJournal:
             q = self._queue
             q.append((rec["lsn"], text))
             self.ring.append(text)
+            self.ring_bytes += len(text)
             # A relaxed flusher is woken only by the first record (it then gathers more) or a full batch.
             wake = len(q) == 1 or len(q) >= self._batch_max or self.relaxed is None or not self.relaxed()
         if wake:
@@ -115,17 +118,24 @@ class BackendJournal:
             return None
         return self.ring[first - self.ring_first:last - self.ring_first + 1]
 
-    def trim_ring(self, needed_from: int | None, keep_max: int) -> None:
+    def trim_ring(self, needed_from: int | None, keep_max: int, keep_bytes: int) -> None:
         """Forgets records before `needed_from` (the oldest a stream still needs; None: no stream) that the
-        log holds, keeping the newest RING_KEEP for standbys about to connect, and never more than keep_max."""
+        log holds, keeping the newest RING_KEEP for standbys about to connect, and never more than keep_max
+        records or (beyond the newest one) keep_bytes characters. A stream that needed a record dropped for
+        the bounds falls behind and catches up from the log or a snapshot (standby_sync.py)."""
         first = min(self.written + 1, self.last_lsn() + 1 - RING_KEEP)
         if needed_from is not None:
             first = min(first, needed_from)
         first = max(first, self.last_lsn() + 1 - keep_max)
-        drop = first - self.ring_first
-        if drop >= RING_TRIM_MIN or len(self.ring) > keep_max:
-            del self.ring[:max(0, drop)]
-            self.ring_first += max(0, drop)
+        drop = max(0, first - self.ring_first)
+        over = self.ring_bytes - sum(map(len, self.ring[:drop])) - keep_bytes
+        while over > 0 and drop < len(self.ring) - 1:  # oldest first, until the rest fits
+            over -= len(self.ring[drop])
+            drop += 1
+        if drop >= RING_TRIM_MIN or len(self.ring) > keep_max or self.ring_bytes > keep_bytes:
+            self.ring_bytes -= sum(map(len, self.ring[:drop]))
+            del self.ring[:drop]
+            self.ring_first += drop
 
     def wait(self, lsn: int, timeout: float = _WRITE_WAIT_SEC) -> bool:
         deadline = time.monotonic() + timeout

@@ -193,3 +193,25 @@ def test_presence_is_renewed_while_the_control_thread_is_stalled(etcd, monkeypat
         c.stop()
     assert not c._thread.is_alive()
     assert c._presence_thread is not None and not c._presence_thread.is_alive()
+
+
+def test_the_standby_ring_is_bounded_by_bytes(etcd):
+    """Records the leader keeps for standby streams: never more than the byte bound (large batch-commit records
+    count by their size), newest first, even when a stream still needs older ones."""
+    c = controller(etcd, "ring", ha_sync_standbys=False)
+    j = ha.BackendJournal(c._svc, c.store, 64, view=1)
+    try:
+        with j.cond:
+            j.ring = [str(i % 10) * 1000 for i in range(100)]  # ops 1..100, 1000 characters each
+            j.ring_bytes, j.ring_first, j.written = 100_000, 1, 100
+            j.trim_ring(None, 10_000, 1_000_000)  # within both bounds: kept (RING_KEEP)
+            assert (j.ring_first, len(j.ring)) == (1, 100)
+            j.trim_ring(1, 10_000, 10_500)  # a stream needs op 1, but the bytes bound wins
+            assert j.ring_bytes <= 10_500 and j.ring_bytes == sum(map(len, j.ring))
+            assert j.last_lsn() == 100 and j.ring_first == 101 - len(j.ring) and len(j.ring) == 10
+            assert j.ring_slice(1, 5) is None and j.ring_slice(91, 100)[0] == "0" * 1000
+            j.ring, j.ring_bytes, j.ring_first = ["x" * 50_000], 50_000, 100
+            j.trim_ring(None, 10_000, 10_500)  # the newest record is kept whatever its size
+            assert (j.ring_first, len(j.ring)) == (100, 1)
+    finally:
+        j.close()

@@ -52,7 +52,8 @@ MAX_FRAME = 64 << 20
 MAX_HELLO = 4096
 MAX_HELLOS = 16  # connections whose hello is being read at once
 RECORDS_PER_FRAME = 2048
-RING_MAX = 200_000  # recent records kept for standbys that join (about 60 MB at most)
+RING_MAX = 200_000  # recent records kept for standbys that join, at most
+RING_MAX_BYTES = 64 << 20  # and at most this many characters of them (batch commits make large records)
 HEARTBEAT_SEC = 1.0  # an idle stream carries an empty frame this often; a standby gives up after STANDBY_SILENCE_SEC
 STANDBY_SILENCE_SEC = 5.0
 PUMP_SEC = 0.005  # the pump's period: catching-up standbys, idle members' records and acks, set changes
@@ -294,7 +295,7 @@ class LeaderSync:
             joining = next((c for c in self.conns if not c.in_sync and not c.broken
                             and self.journal.last_lsn() - c.acked <= RECORDS_PER_FRAME), None)
             trim_to = min((c.acked + 1 for c in self.conns if not c.broken), default=None)
-            self.journal.trim_ring(trim_to, RING_MAX)
+            self.journal.trim_ring(trim_to, RING_MAX, RING_MAX_BYTES)
         if time.monotonic() < self._change_retry_at:
             return
         for c in broken:
