@@ -701,14 +701,16 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
         for i in failed:
             results[i] = int(ErrorCode.TRANSFER_FAIL)
         good = [keys[i] for i in started if results[i] == OK]
-        bad = [keys[i] for i in started if results[i] != OK]
+        bad = [keys[i] for i in started if results[i] != OK and i not in failed]
         if good:
             end = self._rpc(prefix + "End", keys=good)
             codes = [end] * len(good) if isinstance(end, int) else list(end.codes)
             for i, c in zip([i for i in started if results[i] == OK], codes):
                 results[i] = c
-        if bad:
+        if bad:  # nothing was sent for these (pinning failed): their buffers can be reused at once
             self._rpc(prefix + "Revoke", keys=bad)
+        if failed:  # a failed write may still land (a timeout): the master holds their buffers, not frees them
+            self._rpc(prefix + "Revoke", keys=[keys[i] for i in started if i in failed], unsettled=True)
         return results
 
 

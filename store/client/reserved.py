@@ -105,8 +105,9 @@ class ReservedPuts:
         if block is None:
             return None
         if not self._write_one(block, size, source, registered):
-            # A failed (or timed-out) write may still land later: never write into this block again.
-            self._release(block)
+            # A failed (or timed-out) write may still land later: never write into this block again, and the
+            # master holds its rest rather than handing it to other puts.
+            self._release(block, unsettled=True)
             return _TRANSFER_FAIL
         sent = time.monotonic()
         reply = core._rpc("PutReserved", reservation_id=block.rid, key=key, size=size, address=block.cursor,
@@ -189,8 +190,8 @@ class ReservedPuts:
                 return None
         start = block.cursor
         moved = self._write_batch(block, start, offsets, span, sources, registered)
-        if not moved:
-            self._give_back(pref, block)  # nothing committed: the space is reused by the next put
+        if not moved:  # writes may still land there: the block is never written again, and held by the master
+            self._release(block, unsettled=True)
             return [_TRANSFER_FAIL] * len(keys)
         sent = time.monotonic()
         master = core._master
@@ -298,9 +299,10 @@ class ReservedPuts:
         if extra is not None:
             self._release(extra)
 
-    def _release(self, block: _Block) -> None:
+    def _release(self, block: _Block, unsettled: bool = False) -> None:
+        """Gives the block back; `unsettled`: a write into it failed and may still land (held by the master)."""
         if block.end > block.cursor:
-            self._core._rpc("ReleaseSpace", reservation_id=block.rid)
+            self._core._rpc("ReleaseSpace", reservation_id=block.rid, **({"unsettled": True} if unsettled else {}))
 
     def release_all(self) -> None:
         """Frees every pooled block (close)."""

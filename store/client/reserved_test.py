@@ -146,3 +146,34 @@ def test_the_path_can_be_turned_off(master, monkeypatch):
         assert a.put("k", value(1)) == 0 and a.get("k") == value(1)
         m = metrics(master)
         assert m.get("put_start", 0) == 1 and m.get("reserve_space", 0) == 0
+
+
+def status(master) -> dict:
+    import json
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{master.metrics_port}/status.json", timeout=5) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["reserved", "two_calls"])
+def test_a_failed_write_leaves_its_buffers_held_not_reused(master, monkeypatch, replicas):
+    """A put whose write into another client's segment fails may still land there later (a timeout leaves it
+    in flight): the master must not hand those bytes to the next put. Reserved path: the block's rest is
+    released as held; two-call path: the keys are revoked with their buffers held (as a discarded put's)."""
+    from mooncake.store.client.testing import StoreWorker
+
+    monkeypatch.setenv("MC_FORCE_TCP", "1")  # a same-host peer is reached over tcp: its death fails the write
+    peers = [StoreWorker(master.address, segment="64MB", buffer="8MB") for _ in range(replicas)]
+    try:
+        with local_store(master.address, segment="0", buffer="32MB") as s:
+            cfg = ReplicateConfig(replica_num=replicas, preferred_segments=[p.hostname for p in peers])
+            assert s.put("first", value(1, 64 << 10), cfg) == 0  # a block of the peer reserved for this client
+            assert status(master)["held_bytes"] == 0
+            peers[0].kill()
+            assert s.put("second", value(2, 64 << 10), cfg) < 0
+            held = status(master)["held_bytes"]
+            assert held >= 64 << 10, f"held {held}: the failed write's buffers went back to the free space"
+            assert s.is_exist("second") == 0
+    finally:
+        for p in peers[1:]:
+            p.stop()

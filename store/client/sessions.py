@@ -69,12 +69,15 @@ class _GetSession:
 
 
 class _PutSession:
-    """An allocated object being written: `spans` are the [start, end) ranges written so far."""
-    __slots__ = ("size", "replicas", "spans", "inflight", "sealed")
+    """An allocated object being written: `spans` are the [start, end) ranges written so far. `unsettled`: a
+    write failed and may still land later (a timeout), so the object can only be revoked (its buffers are then
+    held by the master, not reused), never ended: a late write could overwrite what a retry wrote."""
+    __slots__ = ("size", "replicas", "spans", "inflight", "sealed", "unsettled")
 
     def __init__(self, size: int) -> None:
         self.size, self.replicas, self.spans, self.inflight = size, [], [], 0
         self.sealed = True  # until BatchPutStart gave its replicas
+        self.unsettled = False
 
     def add(self, start: int, end: int) -> None:
         self.spans.append((start, end))
@@ -135,9 +138,14 @@ class SessionAPI:
             keys = list(table.puts)
             table.gets.clear()
         if keys:
-            table.seal(keys)
+            taken = table.seal(keys)
             if self._cfg is not None:
-                self._rpc("BatchPutRevoke", keys=keys)
+                unsettled = [k for i, k in enumerate(keys) if i in taken and taken[i].unsettled]
+                settled = [k for k in keys if k not in set(unsettled)]
+                if settled:
+                    self._rpc("BatchPutRevoke", keys=settled)
+                if unsettled:
+                    self._rpc("BatchPutRevoke", keys=unsettled, unsettled=True)
             with table.lock:
                 for k in keys:
                     table.puts.pop(k, None)
@@ -322,6 +330,8 @@ class SessionAPI:
                     if results[i] >= 0:
                         for _, off, n in done.get(i, ()):
                             s.add(off, off + n)
+                    elif i in failed:
+                        s.unsettled = True
                 table.idle.notify_all()
         return results
 
@@ -336,7 +346,12 @@ class SessionAPI:
         complete = []
         with table.lock:
             for i, s in taken.items():
-                if s.complete():
+                if s.unsettled:
+                    _log.error("%s: %r: a write of this object failed and may still land; revoke it and put it "
+                               "again", op, keys[i])
+                    out[i] = int(ErrorCode.TRANSFER_FAIL)
+                    s.sealed = False
+                elif s.complete():
                     complete.append(i)
                 else:
                     _log.error("%s: %r: bytes never written (%s of %d written); write them or revoke", op,
@@ -366,12 +381,16 @@ class SessionAPI:
         out = _no_session(op, keys, taken)
         if not taken:
             return out
-        idx = sorted(taken)
-        reply = self._rpc("BatchPutRevoke", keys=[keys[i] for i in idx])
-        with table.lock:
-            for j, i in enumerate(idx):
-                out[i] = reply if isinstance(reply, int) else reply.codes[j]
-                table.puts.pop(keys[i], None)
+        for unsettled in (False, True):  # buffers a failed write may still reach are held by the master
+            idx = sorted(i for i, s in taken.items() if s.unsettled == unsettled)
+            if not idx:
+                continue
+            reply = self._rpc("BatchPutRevoke", keys=[keys[i] for i in idx],
+                              **({"unsettled": True} if unsettled else {}))
+            with table.lock:
+                for j, i in enumerate(idx):
+                    out[i] = reply if isinstance(reply, int) else reply.codes[j]
+                    table.puts.pop(keys[i], None)
         return out
 
     # -- shared checks -------------------------------------------------------------------------------------------

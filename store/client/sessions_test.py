@@ -221,3 +221,33 @@ def test_sessions_before_setup():
     assert s.batch_put_session_start(["k"], [1]) == [-1] and s.batch_put_session_revoke(["k"]) == [-1]
     assert s.batch_get_into_multi_buffer_ranges(["k"], [[1]], [[1]], [[0]]) == [-1]
     assert s.batch_put_from_multi_buffer_ranges(["k"], [[1]], [[1]], [[0]]) == [-1]
+
+
+def test_a_failed_session_write_cannot_be_ended_and_its_revoke_holds_the_buffers(master, monkeypatch):
+    """A range write that failed may still land later (a timeout): ending the session is refused (a late write
+    could overwrite a retry), and its revoke leaves the buffers held by the master, never reused at once."""
+    import json
+    import urllib.request
+
+    def held():
+        with urllib.request.urlopen(f"http://127.0.0.1:{master.metrics_port}/status.json", timeout=5) as r:
+            return json.loads(r.read())["held_bytes"]
+
+    monkeypatch.setenv("MC_FORCE_TCP", "1")  # the same-host peer over tcp: its death fails the write
+    victim = StoreWorker(master.address, segment="16MB", buffer="4MB")
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "0", "4MB", "tcp", "", master.address) == 0
+    try:
+        src = Mem(s, SIZE)
+        cfg = ReplicateConfig(replica_num=1, preferred_segments=[victim.hostname])
+        assert s.batch_put_session_start(["f"], [SIZE], cfg) == [0]
+        assert s.batch_put_from_multi_buffer_ranges(["f"], [[src.p]], [[LAYER]], [[0]]) == [LAYER]
+        victim.kill()
+        assert s.batch_put_from_multi_buffer_ranges(["f"], [[src.p + LAYER]], [[LAYER]], [[LAYER]])[0] < 0
+        assert s.batch_put_session_end(["f"]) == [E.TRANSFER_FAIL]
+        before = held()
+        assert s.batch_put_session_revoke(["f"]) == [0]
+        assert held() >= before + SIZE, "the revoked buffers went back to the free space"
+        assert s.is_exist("f") == 0
+    finally:
+        s.close()

@@ -184,7 +184,7 @@ def _reserved_commit(svc, op: ops.ReservedCommit):
 
 
 def _release_reservation(svc, op: ops.ReleaseReservation):
-    svc.reservation_pool.free(op.rid)
+    svc.reservation_pool.free(op.rid, op.hold_until)
 
 
 HANDLERS = {

@@ -70,7 +70,10 @@ def workload(svc, clock, rng, steps, on_step=None):
             svc.put_end(p.client_id if p else client, key)
         elif op == "revoke":
             p = svc.table.pending.get(key)
-            svc.put_revoke(p.client_id if p else client, key)
+            if rng.random() < 0.5:
+                svc.put_revoke(p.client_id if p else client, key)
+            else:  # a writer whose write may still land: the buffers are held
+                svc.batch_put_revoke(p.client_id if p else client, [key], unsettled=True)
         elif op == "upsert":
             size = rng.choice(SIZES)
             if svc.upsert_start(client, key, size, cfg)[0] == E.OK and rng.random() < 0.8:
@@ -97,7 +100,7 @@ def workload(svc, clock, rng, steps, on_step=None):
                 del blocks[rid]
         elif op == "release" and blocks:
             rid = rng.choice(list(blocks))
-            svc.release_space(blocks.pop(rid).client_id, rid)
+            svc.release_space(blocks.pop(rid).client_id, rid, unsettled=rng.random() < 0.5)
         elif op == "offload":
             tasks, _ = svc.take_offload_tasks("c1", 4)
             svc.notify_offload("c1", [(k, size, rng.randrange(1, 99), v) for k, size, _, v in tasks])

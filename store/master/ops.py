@@ -197,7 +197,10 @@ class ReservedCommit:
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseReservation:
+    """Block `rid` goes; its part not carved yet is freed, or held until `hold_until` (a write into it may
+    still land) with the block's client as the writer."""
     rid: int
+    hold_until: float = 0.0
 
 
 OPS = (MountSegment, UnmountSegment, ExpireClient, PutStart, PutCommit, PutRevoke, PutDiscard, Remove, Evict,

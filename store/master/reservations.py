@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from mooncake.store.common.errors import ErrorCode
 from mooncake.store.master import ops
-from mooncake.store.master.objects import PutConfig
+from mooncake.store.master.objects import Held, PutConfig
 from mooncake.store.master.segments import Replica, Segment
 
 if TYPE_CHECKING:
@@ -201,14 +201,18 @@ class ReservationPool:
         t = self._svc.table
         return self._svc._put_in_progress_locked(key, now) or key in t.objects or key in t.disk
 
-    def release_space(self, client_id: str, rid: int) -> ErrorCode:
+    def release_space(self, client_id: str, rid: int, unsettled: bool = False) -> ErrorCode:
+        """The client gives block `rid` back. `unsettled`: a write into it failed and may still land, so its
+        free part is held for --put_start_release_timeout_sec (or until the client expires) instead of being
+        handed to other puts at once."""
         svc = self._svc
         with svc.lock:
             r = self.blocks.get(rid)
             if r is None or r.client_id != client_id:
                 code = ErrorCode.OBJECT_NOT_FOUND
             else:
-                svc._apply(ops.ReleaseReservation(rid))
+                hold = svc.now() + svc.config.put_start_release_timeout_sec if unsettled else 0.0
+                svc._apply(ops.ReleaseReservation(rid, hold))
                 code = OK
             svc.metrics.count("release_space", code)
             return code
@@ -245,7 +249,11 @@ class ReservationPool:
         if r.cursor == r.end:
             del self.blocks[op.rid]
 
-    def free(self, rid: int) -> None:
+    def free(self, rid: int, hold_until: float = 0.0) -> None:
         r = self.blocks.pop(rid, None)
         if r is not None and r.end > r.cursor:
-            self._svc._free([Replica(r.segment, r.cursor, r.end - r.cursor)])
+            rest = Replica(r.segment, r.cursor, r.end - r.cursor)
+            if hold_until:
+                self._svc.table.held.append(Held("", (rest,), hold_until, r.client_id))
+            else:
+                self._svc._free([rest])

@@ -209,7 +209,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     @_rpc
     def BatchPutRevoke(self, request, context):
-        return pb.BatchStatusReply(codes=self.svc.batch_put_revoke(request.client_id, list(request.keys)))
+        return pb.BatchStatusReply(codes=self.svc.batch_put_revoke(request.client_id, list(request.keys),
+                                                                   request.unsettled))
 
     BatchUpsertRevoke = BatchPutRevoke
 
@@ -366,11 +367,28 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     @_rpc
     def ReleaseSpace(self, request, context):
-        return pb.StatusReply(code=self.svc.release_space(request.client_id, request.reservation_id))
+        return pb.StatusReply(code=self.svc.release_space(request.client_id, request.reservation_id,
+                                                          request.unsettled))
 
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+PROBE_SEC = 1.0  # how often the gRPC door checks that its port still accepts (_GrpcDoor)
+
+
+async def _accepts(host: str, port: int) -> bool:
+    """False only when a connection to host:port is refused (nothing listens); a timeout or another error
+    proves nothing (e.g. a full accept queue)."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+    except ConnectionRefusedError:
+        return False
+    except (OSError, asyncio.TimeoutError):
+        return True
+    writer.close()
+    return True
 
 
 class _GrpcDoor:
@@ -380,7 +398,15 @@ class _GrpcDoor:
     being served. Limits: config.GRPC_SERVER_OPTIONS.
 
     The constructor binds `address` (OSError when it cannot); start/stop/wait are called from one control
-    thread; stop is idempotent."""
+    thread; stop is idempotent.
+
+    Self-repair: grpcio's aio server ends its accept loop, and closes the port, when a request's :path is not
+    UTF-8 (grpcio 1.85: UnicodeDecodeError in _server_main_loop; its shutdown then waits for the calls in
+    flight, so it may never finish). One hostile frame would leave the master up with its gRPC port closed. A
+    supervisor on the loop checks that the port still accepts (every PROBE_SEC, and at once when the loop
+    reports a task exception); when it refuses and stop() did not ask for it, the old server is stopped (its
+    calls in flight fail; clients retry them) and a new one serves on the same port. The fast RPC door is not
+    affected. ``restarts`` counts these."""
 
     def __init__(self, servicer: MasterServicer, address: str, max_threads: int) -> None:
         self._loop = asyncio.new_event_loop()
@@ -388,12 +414,16 @@ class _GrpcDoor:
         self._thread = threading.Thread(target=self._loop.run_forever, name="master-grpc-loop", daemon=True)
         self._thread.start()
         self._stopped = threading.Event()
+        self._stopping = False
+        self._servicer = servicer
         self._server = None
+        self.restarts = 0
         try:
             self._server, self.port = self._run(self._create(servicer, address))
         except BaseException:
             self._shutdown_loop()
             raise
+        self._address = address.rsplit(":", 1)[0] + f":{self.port}"  # the bound port, for a restart
 
     async def _create(self, servicer: MasterServicer, address: str):
         # so_reuseport off: a second master on the same port must fail, not silently share it.
@@ -413,6 +443,52 @@ class _GrpcDoor:
 
     def start(self) -> None:
         self._run(self._server.start())
+        asyncio.run_coroutine_threadsafe(self._supervise(), self._loop)
+
+    async def _supervise(self) -> None:
+        wake = asyncio.Event()
+        default = self._loop.get_exception_handler()
+
+        def on_exception(loop, context) -> None:  # e.g. grpcio's main loop task failing: check the port now
+            wake.set()
+            if default is not None:
+                default(loop, context)
+            else:
+                loop.default_exception_handler(context)
+        self._loop.set_exception_handler(on_exception)
+        host = self._address.rsplit(":", 1)[0].strip("[]")
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(wake.wait(), PROBE_SEC)
+            except asyncio.TimeoutError:
+                pass
+            wake.clear()
+            if self._stopping or await _accepts(host, self.port):
+                continue
+            await self._restart()
+
+    async def _restart(self) -> None:
+        self.restarts += 1
+        _log.error("the gRPC port %s stopped accepting connections (the gRPC library ended its server, e.g. on "
+                   "a request path that is not UTF-8); serving again on it (restart %d)", self._address,
+                   self.restarts)
+        try:
+            await asyncio.wait_for(self._server.stop(0), 5.0)
+        except Exception:  # noqa: BLE001  (a server that failed may not stop cleanly: it is dropped anyway)
+            pass
+        while not self._stopping:
+            try:
+                server, _ = await self._create(self._servicer, self._address)
+                await server.start()
+            except Exception as e:  # noqa: BLE001  (e.g. the port is taken meanwhile): retried, logged
+                _log.error("gRPC server restart on %s failed: %s; retrying in 1 s", self._address, e)
+                await asyncio.sleep(1.0)
+                continue
+            self._server = server
+            if self._stopping:  # stop() ran meanwhile, on the old server
+                await server.stop(0)
+            return
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
@@ -420,6 +496,7 @@ class _GrpcDoor:
     def stop(self, grace: float) -> None:
         if self._stopped.is_set():
             return
+        self._stopping = True
         try:
             self._run(self._server.stop(grace), timeout=grace + 30.0)
         finally:

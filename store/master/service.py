@@ -335,10 +335,24 @@ class MasterService:
             now = self._clock()
             return [self._end_locked(client_id, k, now) for k in keys]
 
-    def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[ErrorCode]:
+    def batch_put_revoke(self, client_id: str, keys: list[str], unsettled: bool = False) -> list[ErrorCode]:
+        """The writer gives its puts up. `unsettled`: its writes failed in a way that may still land (a
+        timeout), so each key goes as a discarded put does: its buffers are held, not freed for reuse."""
         with self._lock:
             now = self._clock()
-            return [self._revoke_locked(client_id, k, now) for k in keys]
+            if not unsettled:
+                return [self._revoke_locked(client_id, k, now) for k in keys]
+            out = []
+            for k in keys:
+                p = self.table.pending.get(k)
+                if p is not None and p.client_id == client_id:
+                    self._discard_locked(k, p, now, "writer_failed")
+                    code = OK
+                else:
+                    code = ErrorCode.OBJECT_NOT_FOUND if p is None else ErrorCode.ILLEGAL_CLIENT
+                self.metrics.count("put_revoke", code)
+                out.append(code)
+            return out
 
     def _check_key(self, key: str) -> ErrorCode:
         if not key:
