@@ -161,7 +161,7 @@ def bench_get_into(store, size: int, iters: int) -> dict:
     return {"size": size, "get_into_GBps": gi_bw, "memcpy_GBps": mc_bw, "ratio": gi_bw / mc_bw}
 
 
-def bench_bytes_vs_zero_copy(size: int, iters: int) -> dict:
+def bench_bytes_vs_zero_copy(size: int, iters: int, protocol: str = "tcp", device: str = "") -> dict:
     """Remote put/get of a `bytes` value against put_from/get_into of the same size, in the setup users
     reported (HTTP metadata; a peer with a 512 MiB segment and a 128 MiB buffer holds the replica; the writer
     has a 64 MiB buffer from register_buffer). Byte puts of >= 2 MiB register the value for the transfer, and
@@ -174,10 +174,10 @@ def bench_bytes_vs_zero_copy(size: int, iters: int) -> dict:
         url = f"http://127.0.0.1:{meta.port}/metadata"
         master_proc = MasterProcess("--eviction_high_watermark_ratio=1.0")
         master = master_proc.address
-        peer = StoreWorker(master, segment="512MB", buffer="128MB", metadata=url)
+        peer = StoreWorker(master, segment="512MB", buffer="128MB", metadata=url, protocol=protocol, device=device)
         store = MooncakeDistributedStore()
         try:
-            assert store.setup("127.0.0.1", url, "0", "64MB", "tcp", "", master) == 0
+            assert store.setup("127.0.0.1", url, "0", "64MB", protocol, device, master) == 0
             buf = np.zeros(4 * size, dtype=np.uint8)
             assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
             value = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -269,7 +269,7 @@ SECTIONS = ("sizes", "batch", "ops", "get_into", "bytes", "layerwise")
 
 
 def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB", local_segment: str = "1GB",
-        sections=SECTIONS, layers: int = 64) -> dict:
+        sections=SECTIONS, layers: int = 64, protocol: str = "tcp", device: str = "") -> dict:
     """Segments must hold what the run puts while read leases (10 s) keep removed buffers held."""
     import redis
 
@@ -277,10 +277,10 @@ def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB
 
     master = MasterProcess("--eviction_high_watermark_ratio=1.0")
     srv = Redis()
-    remote = StoreWorker(master.address, segment=remote_segment, buffer="16MB")
+    remote = StoreWorker(master.address, segment=remote_segment, buffer="16MB", protocol=protocol, device=device)
     store = MooncakeDistributedStore()
     try:
-        assert store.setup("127.0.0.1", "P2PHANDSHAKE", local_segment, "64MB", "tcp", "", master.address) == 0
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", local_segment, "64MB", protocol, device, master.address) == 0
         r = redis.Redis(host="127.0.0.1", port=srv.port)
         remote_cfg = ReplicateConfig(preferred_segments=[remote.hostname])
         local_cfg = ReplicateConfig(preferred_segments=[store.get_hostname()])
@@ -297,7 +297,7 @@ def run(iters: int, sizes: list[int], seconds: float, remote_segment: str = "2GB
         if "get_into" in sections:
             out["get_into_local"] = [bench_get_into(store, s, max(5, min(iters, 64))) for s in (MiB, 16 * MiB)]
         if "bytes" in sections:
-            out["bytes_vs_zero_copy_http"] = bench_bytes_vs_zero_copy(16 * MiB, max(5, min(iters, 10)))
+            out["bytes_vs_zero_copy_http"] = bench_bytes_vs_zero_copy(16 * MiB, max(5, min(iters, 10)), protocol, device)
         if "layerwise" in sections:
             out["layerwise_remote"] = bench_layerwise(store, remote_cfg, iters, layers=layers)
         return out
@@ -358,6 +358,8 @@ def main(argv=None) -> int:
                    help="comma-separated, of: " + ", ".join(SECTIONS) + " (default: all)")
     p.add_argument("--layers", type=int, default=64, help="layers of the layer-wise load (default 64)")
     p.add_argument("--json", default="")
+    p.add_argument("--protocol", default="tcp", help="the transfer engine's protocol (tcp, rdma, efa, ...)")
+    p.add_argument("--device", default="", help="the protocol's device names (device_name)")
     args = p.parse_args(argv)
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     unknown = set(sections) - set(SECTIONS)
@@ -365,7 +367,7 @@ def main(argv=None) -> int:
         p.error(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
     out = run(args.iters, [parse_size(s) for s in args.sizes.split(",")], args.seconds, sections=sections,
-              layers=args.layers)
+              layers=args.layers, protocol=args.protocol, device=args.device)
     print(report(out))
     if args.json:
         with open(args.json, "w") as f:

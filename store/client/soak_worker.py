@@ -41,7 +41,8 @@ def setup_store(args) -> tuple[MooncakeDistributedStore | None, int, int]:
     code = -1
     for attempt in range(1, args.setup_tries + 1):
         store = MooncakeDistributedStore()
-        code = store.setup(args.hostname, args.metadata, args.segment, args.buffer, "tcp", "", args.master)
+        code = store.setup(args.hostname, args.metadata, args.segment, args.buffer, args.protocol, args.device,
+                           args.master)
         if code == 0:
             return store, attempt, code
         store.close()
@@ -120,6 +121,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hostname", default="127.0.0.1")
     p.add_argument("--metadata", default="P2PHANDSHAKE")
+    p.add_argument("--protocol", default="tcp", help="the transfer engine's protocol (tcp, rdma, efa, ...)")
+    p.add_argument("--device", default="", help="the protocol's device names (device_name)")
     p.add_argument("--segment", default="32MB")
     p.add_argument("--buffer", default="8MB")
     p.add_argument("--value", type=parse_size, default=64 * 1024)

@@ -34,9 +34,9 @@ from mooncake.store.master.testing import MasterProcess  # noqa: E402
 SEGMENT = 16 << 20
 
 
-def _reader(master: str, direct: bool) -> MooncakeDistributedStore:
+def _reader(master: str, direct: bool, protocol: str = "tcp", device: str = "") -> MooncakeDistributedStore:
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, "64MB", "tcp", "", master) == 0
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, "64MB", protocol, device, master) == 0
     s._file_reads = direct  # decided once per client (disk_link._file_reads_enabled); forced here
     return s
 
@@ -66,11 +66,12 @@ def _stage(owner: StoreWorker, prefix: str, size: int, count: int) -> None:
         raise RuntimeError(f"{prefix}0 is not on disk only: {descs}")
 
 
-def run(sizes: list[int], mib: int) -> list[dict]:
+def run(sizes: list[int], mib: int, protocol: str = "tcp", device: str = "") -> list[dict]:
     master = MasterProcess("--eviction_high_watermark_ratio=0.9", "--default_kv_lease_ttl=100")
     ssd = tempfile.mkdtemp(prefix="mc-ssd-bench-", dir="/tmp")
-    owner = StoreWorker(master.address, str(SEGMENT), "64MB", ssd=ssd, env={"MC_STORE_HEARTBEAT_INTERVAL": "0.2"})
-    direct, through = _reader(master.address, True), _reader(master.address, False)
+    owner = StoreWorker(master.address, str(SEGMENT), "64MB", ssd=ssd, env={"MC_STORE_HEARTBEAT_INTERVAL": "0.2"},
+                        protocol=protocol, device=device)
+    direct, through = _reader(master.address, True, protocol, device), _reader(master.address, False, protocol, device)
     rows = []
     try:
         for size in sizes:
@@ -108,8 +109,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64K,1M,4M")
     p.add_argument("--mib", type=int, default=32, help="MiB of objects per size (default 32)")
+    p.add_argument("--protocol", default="tcp", help="the transfer engine's protocol (tcp, rdma, efa, ...)")
+    p.add_argument("--device", default="", help="the protocol's device names (device_name)")
     args = p.parse_args(argv)
-    run([parse_size(s) for s in args.sizes.split(",")], args.mib)
+    run([parse_size(s) for s in args.sizes.split(",")], args.mib, args.protocol, args.device)
     return 0
 
 

@@ -123,9 +123,11 @@ def main(argv=None) -> int:
     p.add_argument("--buffer", default="16MB")
     p.add_argument("--ssd", default="")
     p.add_argument("--metadata", default="P2PHANDSHAKE")
+    p.add_argument("--protocol", default="tcp", help="the transfer engine's protocol (tcp, rdma, efa, ...)")
+    p.add_argument("--device", default="", help="the protocol's device names (device_name), e.g. 'lo'")
     args = p.parse_args(argv)
     store = MooncakeDistributedStore()
-    code = store.setup("127.0.0.1", args.metadata, args.segment, args.buffer, "tcp", "", args.master,
+    code = store.setup("127.0.0.1", args.metadata, args.segment, args.buffer, args.protocol, args.device, args.master,
                        enable_ssd_offload=bool(args.ssd), ssd_offload_path=args.ssd)
     serve_json_lines(lambda req: _handle(store, req),
                      {"ready": True, "code": code, "hostname": store.get_hostname()})

@@ -16,12 +16,13 @@ from mooncake.store.master.testing import child_env, read_line, stop_process
 
 
 @contextlib.contextmanager
-def local_store(master: str, segment: str = "32MB", buffer: str = "8MB"):
-    """A MooncakeDistributedStore of this process set up against `master`; emptied and closed afterwards."""
+def local_store(master: str, segment: str = "32MB", buffer: str = "8MB", protocol: str = "tcp", device: str = ""):
+    """A MooncakeDistributedStore of this process set up against `master` with the transfer engine's
+    `protocol` and `device` names; emptied and closed afterwards."""
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, "tcp", "", master) == 0
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, protocol, device, master) == 0
     try:
         yield s
     finally:
@@ -31,9 +32,13 @@ def local_store(master: str, segment: str = "32MB", buffer: str = "8MB"):
 
 class StoreWorker:
     def __init__(self, master: str, segment: str = "64MB", buffer: str = "16MB", timeout: float = 60.0,
-                 env: dict | None = None, ssd: str = "", metadata: str = "P2PHANDSHAKE") -> None:
-        cmd = [sys.executable, "-m", "mooncake.store.client.store_worker", "--master", master,
-               "--segment", str(segment), "--buffer", str(buffer), "--ssd", str(ssd), "--metadata", metadata]
+                 env: dict | None = None, ssd: str = "", metadata: str = "P2PHANDSHAKE", protocol: str = "tcp",
+                 device: str = "", prefix: list[str] | None = None) -> None:
+        """`protocol` / `device`: the worker's transfer engine protocol and device names; `prefix`: a command
+        the worker runs under (e.g. ``["unshare", "--pid", "--fork"]``: another "host" for the engine)."""
+        cmd = [*(prefix or []), sys.executable, "-m", "mooncake.store.client.store_worker", "--master", master,
+               "--segment", str(segment), "--buffer", str(buffer), "--ssd", str(ssd), "--metadata", metadata,
+               "--protocol", protocol, "--device", device]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**child_env(), **(env or {})})
         try:

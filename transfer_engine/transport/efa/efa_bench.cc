@@ -6,7 +6,8 @@
 //   --provider=shm           efa over libfabric's shm provider against memcpy
 //
 // Run both with `bazel run //transfer_engine/transport/efa:efa_bench` (efa_bench.sh). Writes only: 4 KiB and
-// 1 MiB synchronous transfers one at a time, 64 MiB as one request, and one batch of 128 x 64 KiB requests.
+// 1 MiB synchronous transfers one at a time, 64 MiB as one request, one batch of 128 x 64 KiB requests, and
+// a 4 KiB synchronous write followed at once by a 4 KiB asynchronous one (Submit + WaitBatch; the pair timed).
 
 #include <unistd.h>
 
@@ -34,12 +35,15 @@ struct Case {
   size_t length;  // per request
   size_t count;   // requests per batch
   int iters;
+  // One synchronous write, then one asynchronous write (Submit + WaitBatch) right after it: the pair's time.
+  bool sync_then_async = false;
 };
 const Case kCases[] = {
     {"4 KiB", 4 << 10, 1, 500},
     {"1 MiB", 1 << 20, 1, 50},
     {"64 MiB", 64 << 20, 1, 3},
     {"128 x 64 KiB", 64 << 10, 128, 8},
+    {"4K sync+async", 4 << 10, 1, 500, true},
 };
 
 // Seconds per batch of each method: the best of five rounds of `iters` batches, after one warm-up batch each;
@@ -110,6 +114,25 @@ std::function<bool()> EngineWrite(Engine& e, std::vector<char>& src, const Case&
     size_t off = (i * c.length) % kBuffer;
     reqs.push_back({OpCode::kWrite, src.data() + off, e.handle, e.target->buffer_address() + off, c.length});
   }
+  if (c.sync_then_async) {
+    std::vector<TransferRequest> next = reqs;
+    next[0].source = static_cast<char*>(next[0].source) + c.length;
+    next[0].target_address += c.length;
+    return [&e, reqs, next] {
+      Status st = e.engine->TransferSync(reqs, std::chrono::seconds(60));
+      auto batch = st.ok() ? e.engine->AllocateBatch(1) : StatusOr<BatchId>(st);
+      if (batch.ok()) st = e.engine->Submit(*batch, next);
+      if (batch.ok() && st.ok()) {
+        auto state = e.engine->WaitBatch(*batch, std::chrono::seconds(60));
+        if (!state.ok()) st = state.status();
+        else if (state->state != TransferState::kCompleted) st = e.engine->GetTaskError(*batch, 0);
+      }
+      if (batch.ok()) (void)e.engine->FreeBatch(*batch);
+      if (!batch.ok()) st = batch.status();
+      if (!st.ok()) fprintf(stderr, "transfer failed: %s\n", st.ToString().c_str());
+      return st.ok();
+    };
+  }
   return [&e, reqs] {
     Status st = e.engine->TransferSync(reqs, std::chrono::seconds(60));
     if (!st.ok()) fprintf(stderr, "transfer failed: %s\n", st.ToString().c_str());
@@ -155,7 +178,7 @@ int Run(const std::string& provider) {
     printf("%-14s %14s %14s %10s\n", "size", "efa(shm)", "memcpy", "efa/memcpy");
     for (const Case& c : kCases) {
       auto t = TimeEach(c, {EngineWrite(efa, src, c), [&] {
-                              for (size_t i = 0; i < c.count; ++i) {
+                              for (size_t i = 0; i < c.count * (c.sync_then_async ? 2 : 1); ++i) {
                                 size_t off = (i * c.length) % kBuffer;
                                 memcpy(dst.data() + off, src.data() + off, c.length);
                               }
@@ -180,7 +203,7 @@ int Run(const std::string& provider) {
   printf("%-14s %14s %14s %14s %9s %9s\n", "size", "efa(tcp)", "tcp transport", "raw socket", "efa/tcp", "efa/raw");
   for (const Case& c : kCases) {
     auto times = TimeEach(c, {EngineWrite(efa, src, c), EngineWrite(tcp, src, c),
-                              [&] { return raw.Write(src.data(), c.length, c.count).ok(); }});
+                              [&] { return raw.Write(src.data(), c.length, c.count * (c.sync_then_async ? 2 : 1)).ok(); }});
     double e = times[0], t = times[1], r = times[2];
     printf("%-14s %14s %14s %14s %9s %9s\n", c.name, Cell(c, e).c_str(), Cell(c, t).c_str(), Cell(c, r).c_str(),
            Ratio(e, t).c_str(), Ratio(e, r).c_str());

@@ -23,6 +23,7 @@ EfaConfig EfaConfig::From(const TransportOptions& o) {
       o.Int("drive_max_bytes", "MC_EFA_DRIVE_MAX_BYTES", static_cast<long long>(c.drive_max_bytes), 0, 1LL << 30));
   c.epoch_lease_us = static_cast<int>(o.Int("epoch_lease_us", "MC_EFA_EPOCH_LEASE_US", c.epoch_lease_us, 0, 1000000));
   c.hmem = o.Bool("hmem", "MC_EFA_HMEM", c.hmem);
+  c.delivery_complete = o.Bool("delivery_complete", "MC_EFA_DELIVERY_COMPLETE", c.delivery_complete);
   if (c.max_mr_size != 0 && c.max_mr_size < 4096) c.max_mr_size = 4096;
   return c;
 }

@@ -46,6 +46,9 @@ struct EfaConfig {
   /// domains with it and register device memory with fi_mr_regattr (1); 0: decline device memory (the engine
   /// stages it through another transport)
   bool hmem = true;
+  /// delivery_complete / MC_EFA_DELIVERY_COMPLETE: ask for FI_DELIVERY_COMPLETE writes where the provider
+  /// offers them (1); 0: never, and each path's writes of a submission are confirmed by a trailing epoch read
+  bool delivery_complete = true;
 
   static EfaConfig From(const TransportOptions& options);
 };

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,11 +60,16 @@ struct EfaTransport::Peer {
   uint64_t leased_epoch = 0;
   std::chrono::steady_clock::time_point lease_until{};
   uint64_t epoch_reads = 0, lease_hits = 0;
+  // Epoch reads in flight, by the value expected: items that need the same check wait for that read.
+  std::map<uint64_t, std::shared_ptr<std::vector<Item>>> reading;
 };
 
 /// What a SubmitAndDrive caller waits for: the items of its submission not finished yet.
 struct DriveCount {
   std::atomic<size_t> left{0};
+  std::mutex mu;           // guards the two below
+  std::vector<int> rails;  // the rails posted to for it, each driven (BeginDrive) until the caller stops
+  bool closed = false;     // the caller stopped driving: later posts are the progress threads'
 };
 
 /// One slice and what posting it needs (valid across retries).
@@ -75,14 +81,18 @@ struct EfaTransport::Item {
   std::shared_ptr<const RemoteKeys> keys;
   uint64_t remote_offset = 0;  // of slice->remote in the remote buffer
   std::shared_ptr<DriveCount> drive;  // SubmitAndDrive: counted down once the slice is finished; else null
+  uint64_t epoch = 0;  // the peer's epoch in the descriptor the slice was checked against
+  // The end of the epoch lease it is posted under (unset: no lease): its operations are not posted later.
+  std::chrono::steady_clock::time_point post_by{};
 };
 
 /// One posting of an item on a path: its operations (one per chunk it touches).
 struct EfaTransport::Run {
   Item item;
   std::atomic<int> left{0};
-  std::mutex mu;  // guards error
+  std::mutex mu;  // guards error and late
   Status error;
+  bool late = false;  // an operation was not posted within the lease (NotPostedInTime)
 };
 
 /// The items posted together on one path.

@@ -84,5 +84,34 @@ def test_put_and_get_between_clients_over_efa():
         master.stop()
 
 
+def test_store_workers_take_the_protocol_from_their_flags():
+    """store_worker.py (what multi-process store tests and the benches run) with --protocol efa --device lo:
+    two workers, each in its own PID namespace, put and get through efa, and efa carried the bytes."""
+    from mooncake.store.client.testing import StoreWorker
+
+    master = MasterProcess()
+    env = {"FI_PROVIDER": "tcp;ofi_rxm", "MC_PLUGIN_DIR": HERE}
+    prefix = [UNSHARE, "--pid", "--fork", "--kill-child"]
+    workers = []
+    try:
+        for _ in range(2):
+            workers.append(StoreWorker(master.address, segment="16MB", buffer="8MB", env=env, protocol="efa",
+                                       device="lo", prefix=prefix))
+        a, b = workers
+        values = {f"w{i}": os.urandom(size) for i, size in enumerate([7, 65536, 2 * MiB + 5])}
+        for key, value in values.items():
+            assert a.call("put", key, value) == 0, key
+        for key, value in values.items():
+            assert b.call("get", key) == value, key
+        stats = [w.request({"op": "engine_stats"})["stats"] for w in workers]
+        moved = sum(v.get("bytes", 0) for st in stats for v in st.get("efa", {}).values())
+        # With the protocol hard-coded to tcp, efa (a software provider: used only where asked for) moves none.
+        assert moved >= sum(len(v) for v in values.values()), stats
+    finally:
+        for w in workers:
+            w.stop()
+        master.stop()
+
+
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "child":
     child(sys.argv[2])

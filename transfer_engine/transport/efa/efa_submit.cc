@@ -51,20 +51,40 @@ void EfaTransport::SubmitAndDrive(const SegmentDescriptor& desc, const std::vect
     return;
   }
   auto drive = std::make_shared<DriveCount>();
-  for (auto& rail : rails_) rail->domain->BeginDrive();
   SubmitItems(desc, slices, drive);
   // Reap on this thread: the completions of this submission's operations (and whatever else completes on
   // these domains meanwhile) run here, not on the progress threads, which saves handing each completion from
-  // one thread to the next. One domain: sleep in its completion queue where it has a wait object; several,
-  // or polling providers: poll them in turn. Past the budget, the progress threads finish the rest.
+  // one thread to the next. Only the rails this submission posted to are driven (DriveRail, as it posts);
+  // the others' progress threads carry on. One rail: sleep in its completion queue where it has a wait
+  // object; several, or polling providers: poll them in turn. Past the budget, the progress threads finish
+  // the rest.
   const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(cfg_.drive_us);
-  const int wait_ms = rails_.size() == 1 ? 1 : 0;
+  std::vector<int> driven;
   for (uint32_t spins = 0; drive->left.load(std::memory_order_acquire) != 0; ++spins) {
+    {
+      std::lock_guard lock(drive->mu);
+      driven = drive->rails;
+    }
+    if (driven.empty()) break;  // posted by nobody on this thread (e.g. behind another caller's epoch read)
+    const int wait_ms = driven.size() == 1 ? 1 : 0;
     size_t reaped = 0;
-    for (auto& rail : rails_) reaped += rail->domain->Poll(wait_ms);
+    for (int r : driven) reaped += rails_[r]->domain->Poll(wait_ms);
     if (reaped == 0 && (wait_ms > 0 || (spins & 63) == 63) && std::chrono::steady_clock::now() >= until) break;
   }
-  for (auto& rail : rails_) rail->domain->EndDrive();
+  {
+    std::lock_guard lock(drive->mu);
+    drive->closed = true;
+    driven = drive->rails;
+  }
+  for (int r : driven) rails_[r]->domain->EndDrive();
+}
+
+void EfaTransport::DriveRail(const std::shared_ptr<DriveCount>& drive, int rail) {
+  if (!drive) return;
+  std::lock_guard lock(drive->mu);
+  if (drive->closed || std::find(drive->rails.begin(), drive->rails.end(), rail) != drive->rails.end()) return;
+  drive->rails.push_back(rail);
+  rails_[rail]->domain->BeginDrive();
 }
 
 void EfaTransport::SubmitItems(const SegmentDescriptor& desc, const std::vector<Slice*>& slices,
@@ -117,8 +137,9 @@ void EfaTransport::SubmitItems(const SegmentDescriptor& desc, const std::vector<
   }
   if (items->empty()) return;
   if (drive) drive->left.store(items->size(), std::memory_order_release);
-  Start(peer, std::move(items), peer->fabric.has_epoch ? JsonUint(desc.json, "efa_epoch").value_or(0) : 0,
-        /*revive=*/true);
+  const uint64_t epoch = peer->fabric.has_epoch ? JsonUint(desc.json, "efa_epoch").value_or(0) : 0;
+  for (auto& item : *items) item.epoch = epoch;
+  Start(peer, std::move(items), epoch, /*revive=*/true);
 }
 
 void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std::vector<Item>> items,
@@ -141,14 +162,24 @@ void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std:
     // after a withdrawal began, writes of a lease holder may still land in the region while the peer's
     // UnregisterMemory waits (the region is still registered; its owner does not have it back). What neither
     // covers: an operation posted before a withdrawal and delivered after it.
+    // Operations queued in a domain behind others may reach the provider long after the check: each carries
+    // the lease's end (post_by), and one still queued then is not posted but comes back here (RunDone).
     std::unique_lock lock(peer->mu);
     if (peer->leased && peer->leased_epoch == expected && now < peer->lease_until) {
       peer->lease_hits++;
+      const auto until = peer->lease_until;
       lock.unlock();
+      for (auto& item : *items) item.post_by = until;
       Distribute(peer, std::move(*items), revive);
       return;
     }
-    peer->epoch_reads++;
+    // A read of the same value in flight: its answer vouches for these items too, as a lease does (it may
+    // have been served before they came; they are posted by its lease's end). Without a lease (L = 0) each
+    // submission reads for itself: a read served before it began would not see a withdrawal since.
+    if (auto it = peer->reading.find(expected); it != peer->reading.end() && peer->fabric.epoch_lease_us / 2 > 0) {
+      for (auto& item : *items) it->second->push_back(std::move(item));
+      return;
+    }
   }
   const auto lease = std::chrono::microseconds(peer->fabric.epoch_lease_us / 2);
   const int path = ChoosePath(*peer, revive);
@@ -157,11 +188,30 @@ void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std:
     for (auto& item : *items) Finish(*peer, item, down);
     return;
   }
+  std::shared_ptr<DriveCount> drive = items->empty() ? nullptr : items->front().drive;
+  const bool shared = lease.count() > 0;
+  {
+    std::lock_guard lock(peer->mu);
+    if (auto it = peer->reading.find(expected); shared && it != peer->reading.end()) {
+      for (auto& item : *items) it->second->push_back(std::move(item));
+      return;
+    }
+    if (shared) peer->reading[expected] = items;  // later Start calls for `expected` add theirs (under mu)
+    peer->epoch_reads++;
+  }
   // Nothing is posted until the peer's epoch says its descriptor is current.
-  ReadEpoch(peer, path, [this, peer, items, expected, path, lease, now](const Status& st, uint64_t value) {
+  ReadEpoch(peer, path, drive, [this, peer, items, shared, expected, path, lease, now](const Status& st,
+                                                                                       uint64_t value) {
+    std::shared_ptr<std::vector<Item>> all = items;
+    if (shared) {
+      std::lock_guard lock(peer->mu);
+      auto it = peer->reading.find(expected);
+      all = it->second;
+      peer->reading.erase(it);
+    }
     if (!st.ok()) {
       PathFailed(*peer, path, st);
-      Start(peer, items, expected, /*revive=*/false);  // another path that is up, until none is left
+      Start(peer, all, expected, /*revive=*/false);  // another path that is up, until none is left
       return;
     }
     if (value != expected) {
@@ -174,9 +224,10 @@ void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std:
         peer->stale++;
         peer->leased = false;
       }
-      for (auto& item : *items) Finish(*peer, item, stale);
+      for (auto& item : *all) Finish(*peer, item, stale);
       return;
     }
+    std::chrono::steady_clock::time_point until{};
     if (lease.count() > 0) {
       // `now` is when this read was about to be posted; reads of the same value may complete out of order.
       std::lock_guard lock(peer->mu);
@@ -184,8 +235,10 @@ void EfaTransport::Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std:
       peer->lease_until = extend ? std::max(peer->lease_until, now + lease) : now + lease;
       peer->leased = true;
       peer->leased_epoch = value;
+      until = peer->lease_until;
     }
-    Distribute(peer, std::move(*items), /*revive=*/false);
+    for (auto& item : *all) item.post_by = until;
+    Distribute(peer, std::move(*all), /*revive=*/false);
   });
 }
 
@@ -260,6 +313,7 @@ void EfaTransport::PostGroup(const std::shared_ptr<Group>& g) {
       op->dest = dest;
       op->remote_addr = virt ? s->remote + pos : chunk_offset;
       op->remote_key = key;
+      op->post_by = run->item.post_by;
       mine.push_back(std::move(op));
       pos += n;
     }
@@ -272,10 +326,14 @@ void EfaTransport::PostGroup(const std::shared_ptr<Group>& g) {
       GroupItemDone(g);
       continue;
     }
+    DriveRail(run->item.drive, rail_index);
     run->left.store(static_cast<int>(mine.size()));
     for (auto& op : mine) {
       op->done = [this, g, run](const Status& st) {
-        if (!st.ok()) {
+        if (IsNotPostedInTime(st)) {
+          std::lock_guard lock(run->mu);
+          run->late = true;
+        } else if (!st.ok()) {
           std::lock_guard lock(run->mu);
           if (run->error.ok()) run->error = st;
         }
@@ -292,15 +350,17 @@ void EfaTransport::RunDone(const std::shared_ptr<Group>& g, const std::shared_pt
   Peer& peer = *g->peer;
   Slice* s = run->item.slice;
   Status st;
+  bool late;
   {
     std::lock_guard lock(run->mu);
     st = run->error;
+    late = run->late;
   }
   {
     std::lock_guard lock(peer.mu);
     Path& p = peer.paths[g->path];
     p.in_flight -= s->length;
-    if (st.ok()) {
+    if (st.ok() && !late) {
       p.bytes += s->length;
       p.slices++;
     }
@@ -308,6 +368,10 @@ void EfaTransport::RunDone(const std::shared_ptr<Group>& g, const std::shared_pt
   if (!st.ok()) {
     PathFailed(peer, g->path, st);
     Retry(g->peer, std::move(run->item), st);
+  } else if (late) {
+    // Its lease ended before all of it was posted (the path is fine): the epoch is checked again and the
+    // whole slice posted once more.
+    Retry(g->peer, std::move(run->item), NotPostedInTime(), /*count=*/false);
   } else if (g->fence_writes && s->opcode == OpCode::kWrite) {
     std::lock_guard lock(g->mu);
     g->held.push_back(run);
@@ -326,35 +390,55 @@ void EfaTransport::GroupItemDone(const std::shared_ptr<Group>& g) {
   }
   if (held.empty()) return;
   // A read on the same connection is answered after the writes before it were applied.
-  ReadEpoch(g->peer, g->path, [this, g, held = std::move(held)](const Status& fence, uint64_t) {
+  // Its value is checked too: the peer withdrew memory while the writes were in flight when it moved on, so
+  // they may have landed in a withdrawn region and are not reported as done.
+  ReadEpoch(g->peer, g->path, nullptr, [this, g, held = std::move(held)](const Status& fence, uint64_t value) {
     if (!fence.ok()) PathFailed(*g->peer, g->path, fence);
+    bool stale = false;
     for (const auto& run : held) {
-      if (fence.ok()) {
-        Finish(*g->peer, run->item, Status::Ok());
-      } else {
+      if (!fence.ok()) {
         Retry(g->peer, std::move(run->item), Status(fence.code(), "efa write not confirmed: " + fence.message()));
+      } else if (value != run->item.epoch) {
+        stale = true;
+        Finish(*g->peer, run->item,
+               Status(ErrorCode::kStaleMetadata, "'" + g->peer->name + "' withdrew memory while efa writes to it "
+                                                 "were in flight (epoch " + std::to_string(value) +
+                                                 ", descriptor " + std::to_string(run->item.epoch) + ")"));
+      } else {
+        Finish(*g->peer, run->item, Status::Ok());
       }
+    }
+    if (stale) {
+      std::lock_guard lock(g->peer->mu);
+      g->peer->stale++;
+      g->peer->leased = false;
     }
   });
 }
 
-void EfaTransport::Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why) {
+void EfaTransport::Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why, bool count) {
   Slice* s = item.slice;
   if (stopping_.load()) {
-    Finish(*peer, item, why);
+    // Not kStaleMetadata (a missed lease): that would make the engine refresh a peer that did nothing.
+    Finish(*peer, item, IsNotPostedInTime(why) ? Status(ErrorCode::kSocket, "the efa transport is shutting down")
+                                               : why);
     return;
   }
-  if (++s->attempts > static_cast<uint32_t>(std::max(0, retry_count_))) {
+  if (count && ++s->attempts > static_cast<uint32_t>(std::max(0, retry_count_))) {
     Finish(*peer, item, Status(why.code(), why.message() + " (gave up after " + std::to_string(s->attempts) +
                                             " attempts, MC_RETRY_CNT)"));
     return;
   }
-  std::vector<Item> one;
-  one.push_back(std::move(item));
-  Distribute(peer, std::move(one), /*revive=*/false);  // fails it at once when no path is up
+  const uint64_t epoch = item.epoch;
+  item.post_by = {};
+  auto one = std::make_shared<std::vector<Item>>();
+  one->push_back(std::move(item));
+  // Through the epoch check again: the lease the first posting relied on may be over. Fails it at once when
+  // no path is up.
+  Start(peer, std::move(one), epoch, /*revive=*/false);
 }
 
-void EfaTransport::ReadEpoch(const std::shared_ptr<Peer>& peer, int path,
+void EfaTransport::ReadEpoch(const std::shared_ptr<Peer>& peer, int path, const std::shared_ptr<DriveCount>& drive,
                              std::function<void(const Status&, uint64_t)> then) {
   int rail_index;
   size_t device;
@@ -380,6 +464,7 @@ void EfaTransport::ReadEpoch(const std::shared_ptr<Peer>& peer, int path,
   op->dest = dest;
   op->remote_addr = peer->fabric.virt_addr ? peer->fabric.epoch_addr : 0;
   op->remote_key = peer->fabric.epoch_rkeys[device];
+  DriveRail(drive, rail_index);
   EpochSlots* slots = rail.slots.get();
   EpochSlots::Slot ref = *slot;
   op->done = [slots, ref, then = std::move(then)](const Status& st) {

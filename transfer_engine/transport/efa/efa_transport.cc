@@ -191,6 +191,7 @@ Status EfaTransport::Start(const TransportContext& ctx) {
   o.op_timeout = cfg_.op_timeout;
   o.cq_wait = cfg_.cq_wait;
   o.idle_poll_us = cfg_.idle_poll_us;
+  o.delivery_complete = cfg_.delivery_complete;
   // FI_HMEM only where this process has device memory to register: the shm provider opened with it moves
   // host memory differently (measured here: 1 MiB writes faster, batches of 64 KiB writes 4x slower).
   o.hmem = cfg_.hmem && HasDevicePlatform(ctx.platforms);
@@ -498,7 +499,8 @@ nlohmann::json EfaTransport::Stats() const {
                        {"state", path.down ? "down: " + path.why_down : "up"},
                        {"bytes", path.bytes},
                        {"slices", path.slices},
-                       {"errors", path.errors}});
+                       {"errors", path.errors},
+                       {"local_drives", rails_[path.rail]->domain->drives()}});
     }
     if (state.empty()) state = "down: " + (p->paths.empty() ? std::string("no path") : p->paths[0].why_down);
     out[p->name] = {{"bytes", p->bytes},          {"slices", p->slices},         {"errors", p->errors},

@@ -78,7 +78,8 @@ class EfaTransport : public Transport {
   void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
   size_t slice_size() const override { return slice_size_; }
-  /// Per peer: bytes, slices, errors, stale_epoch, state, and `paths` (local and remote NIC, state, bytes).
+  /// Per peer: bytes, slices, errors, stale_epoch, state, and `paths` (local and remote NIC, state, bytes, and
+  /// local_drives: how many synchronous calls reaped on the local NIC, for all peers).
   nlohmann::json Stats() const override;
 
   /// The domains (NICs) in use, in rail order (for logs and tests): empty before Start.
@@ -103,16 +104,23 @@ class EfaTransport : public Transport {
   /// peer's slices do not wander over its paths as each one is revived).
   int ChoosePath(Peer& peer, bool revive);
   void PathFailed(Peer& peer, int path, const Status& why);
-  /// Checks the epoch on some path, then spreads the items over the paths.
+  /// Checks the epoch (a lease, or a read on some path that items expecting the same value share), then
+  /// spreads the items over the paths; each item's operations must be posted within the lease (post_by).
   void Start(const std::shared_ptr<Peer>& peer, std::shared_ptr<std::vector<Item>> items, uint64_t expected,
              bool revive);
   void Distribute(const std::shared_ptr<Peer>& peer, std::vector<Item> items, bool revive);
   void PostGroup(const std::shared_ptr<Group>& g);
   void RunDone(const std::shared_ptr<Group>& g, const std::shared_ptr<Run>& run);
   void GroupItemDone(const std::shared_ptr<Group>& g);
-  /// Moves a failed item to another path, or completes it with `why`.
-  void Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why);
-  void ReadEpoch(const std::shared_ptr<Peer>& peer, int path, std::function<void(const Status&, uint64_t)> then);
+  /// Moves a failed item to another path (through Start: the epoch is checked again unless a lease covers
+  /// it), or completes it with `why`. `count`: the move counts against MC_RETRY_CNT (not for an item that
+  /// only missed its lease).
+  void Retry(const std::shared_ptr<Peer>& peer, Item item, const Status& why, bool count = true);
+  /// Reads the peer's epoch on `path`; with `drive`, its rail is driven by that SubmitAndDrive caller.
+  void ReadEpoch(const std::shared_ptr<Peer>& peer, int path, const std::shared_ptr<DriveCount>& drive,
+                 std::function<void(const Status&, uint64_t)> then);
+  /// Has the SubmitAndDrive caller of `drive` (if any, and still driving) reap `rail` too.
+  void DriveRail(const std::shared_ptr<DriveCount>& drive, int rail);
   void Finish(Peer& peer, Slice* s, const Status& st);
   void Finish(Peer& peer, const Item& item, const Status& st);
 

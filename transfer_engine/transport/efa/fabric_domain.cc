@@ -78,6 +78,10 @@ FabricOp* OpOf(void* op_context) { return reinterpret_cast<FabricOp::Slot*>(op_c
 
 }  // namespace
 
+Status NotPostedInTime() {
+  return Status(ErrorCode::kStaleMetadata, "efa: the epoch lease ended before the operation could be posted");
+}
+
 FabricMr::~FabricMr() {
   if (mr_ != nullptr) fi_close(&mr_->fid);
 }
@@ -150,8 +154,11 @@ StatusOr<std::vector<std::shared_ptr<FabricDomain>>> FabricDomain::OpenAll(const
   // Writes that complete once the data is at the target, where the provider offers it; else the transport
   // confirms remote visibility itself (see EfaTransport).
   struct fi_info* list = nullptr;
-  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
-  int rc = api->getinfo(version, nullptr, nullptr, 0, hints, &list);
+  int rc = -FI_ENODATA;
+  if (options.delivery_complete) {
+    hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    rc = api->getinfo(version, nullptr, nullptr, 0, hints, &list);
+  }
   bool delivery_complete = rc == 0;
   if (rc != 0) {
     hints->tx_attr->op_flags = 0;
@@ -404,8 +411,9 @@ void FabricDomain::Wake() {
 
 void FabricDomain::Finish(std::unique_ptr<FabricOp> op, const Status& st) {
   auto done = std::move(op->done);
+  const bool late = op->late;
   op.reset();
-  if (done) done(st);
+  if (done) done(late ? NotPostedInTime() : st);
 }
 
 void FabricDomain::FinishAll(std::vector<std::unique_ptr<FabricOp>> ops, const Status& st) {
@@ -425,12 +433,20 @@ void FabricDomain::Post(std::unique_ptr<FabricOp> op) {
     } else {
       queue_.push_back(std::move(op));
       failed = PostQueuedLocked();
-      if (!info_.cq_wait) {
-        // Polling: an idle nap lasts efa.idle_poll_us; the new operation needs progress now (and a nap about
-        // to begin is skipped).
+      const bool driven = drivers_.load() > 0;
+      if (!info_.cq_wait || !driven) {
         std::lock_guard nap(park_mu_);
-        kick_ = true;
-        if (idle_nap_) park_cv_.notify_one();
+        if (!driven) {
+          // Posted outside a drive: nobody else reaps its completion, so a linger after a drive ends now.
+          drive_ended_ = {};
+          park_cv_.notify_one();
+        }
+        if (!info_.cq_wait) {
+          // Polling: an idle nap lasts efa.idle_poll_us; the new operation needs progress now (and a nap
+          // about to begin is skipped).
+          kick_ = true;
+          if (idle_nap_) park_cv_.notify_one();
+        }
       }
       // The progress thread wakes at least every 100 ms for deadlines, and for completions and peers' traffic
       // by itself; only a full provider needs it now (it retries after reaping).
@@ -446,6 +462,13 @@ std::vector<std::unique_ptr<FabricOp>> FabricDomain::PostQueuedLocked() {
   std::vector<std::unique_ptr<FabricOp>> failed;
   while (!queue_.empty() && posted_.load(std::memory_order_relaxed) < static_cast<size_t>(options_.max_outstanding)) {
     FabricOp* op = queue_.front().get();
+    if (op->post_by != Clock::time_point{} && Clock::now() > op->post_by) {
+      // The lease it was checked under ended while it waited: the transport checks the epoch again.
+      op->late = true;
+      failed.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      continue;
+    }
     if (removed_.count(op->dest) != 0) {
       // Posting to a removed address is undefined in providers (tcp;ofi_rxm crashed): the op fails instead.
       failed.push_back(std::move(queue_.front()));
@@ -537,6 +560,7 @@ size_t FabricDomain::Poll(int wait_ms) {
 }
 
 void FabricDomain::BeginDrive() {
+  drives_.fetch_add(1, std::memory_order_relaxed);
   drivers_.fetch_add(1);
   // Pairs with the progress thread's in_wait_ store then drivers_ load: one of the two sees the other.
   if (in_wait_.load()) Wake();
@@ -557,18 +581,20 @@ void FabricDomain::EndDrive() {
   }
 }
 
-bool FabricDomain::Parked() {
+FabricDomain::Park FabricDomain::Parked() {
   std::unique_lock lock(park_mu_);
-  auto out = [&] {
-    return stop_thread_.load() || unpark_ ||
-           (drivers_.load() == 0 && Clock::now() - drive_ended_ >= kDriveLinger);
-  };
-  if (out()) {
+  if (stop_thread_.load() || unpark_) {
     unpark_ = false;
-    return false;
+    return Park::kOut;
   }
-  park_cv_.wait_for(lock, kDriveLinger);  // the caller loops: the next call looks again
-  return true;
+  if (drivers_.load() > 0) {
+    park_cv_.wait_for(lock, kDriveLinger);  // the caller loops: the next call looks again
+    return Park::kDriven;
+  }
+  const auto since = Clock::now() - drive_ended_;
+  if (since >= kDriveLinger) return Park::kOut;
+  park_cv_.wait_for(lock, std::min<Clock::duration>(kLingerPoll, kDriveLinger - since));
+  return Park::kLinger;
 }
 
 bool FabricDomain::RemoteActivity() {
@@ -663,7 +689,16 @@ void FabricDomain::Progress() {
       busy = !live_.empty() || !queue_.empty() || !abandoned_.empty();
     }
     FinishAll(std::move(dropped), Status(ErrorCode::kPeerUnreachable, "efa: the peer's address was removed"));
-    if (Parked()) {
+    const Park park = Parked();
+    if (park == Park::kDriven) {
+      CheckDeadlines();
+      continue;
+    }
+    if (park == Park::kLinger) {
+      // Just after a drive with nothing outstanding: no sleep in the queue, but its progress goes on (a
+      // peer's RMA on this endpoint needs it, tcp and shm alike).
+      const ssize_t n = fi_cq_read(cq_, entries, 32);
+      if (n > 0 || n == -FI_EAVAIL) Reap(n, entries);
       CheckDeadlines();
       continue;
     }

@@ -36,6 +36,9 @@ struct FabricOp {
   /// Runs exactly once, on the domain's progress thread (or the thread calling Poll or Stop): Ok, or why it
   /// failed.
   std::function<void(const Status&)> done;
+  /// When set, the operation must be with the provider by then (the epoch lease it was checked under ends):
+  /// one still queued afterwards is not posted and fails with NotPostedInTime(). Unset: no limit.
+  std::chrono::steady_clock::time_point post_by{};
 
   /// The operation's context as libfabric sees it: its scratch space (FI_CONTEXT / FI_CONTEXT2 mode) first,
   /// so a completion's op_context leads back to the operation.
@@ -44,7 +47,13 @@ struct FabricOp {
     FabricOp* op;
   } slot{};
   std::chrono::steady_clock::time_point deadline;
+  bool late = false;  ///< post_by passed while it was queued (the domain's own mark)
 };
+
+/// The status of an operation whose post_by passed before it could be posted: nothing of it was sent. The
+/// domain gives no other operation kStaleMetadata.
+Status NotPostedInTime();
+inline bool IsNotPostedInTime(const Status& st) { return st.code() == ErrorCode::kStaleMetadata; }
 
 class FabricDomain;
 
@@ -116,6 +125,9 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
     int idle_poll_us = 1000;  ///< polling: the longest nap while nothing is in flight
     bool hmem = true;         ///< open domains with FI_HMEM where the provider offers it (device memory)
     int max_domains = 0;      ///< OpenAll opens at most this many (0: no limit)
+    /// Ask for FI_DELIVERY_COMPLETE writes where the provider offers them (else DomainInfo::delivery_complete
+    /// is false and the transport confirms writes itself).
+    bool delivery_complete = true;
   };
   /// Opens the first domain of `provider` that OpenAll would open; kNotImplemented with libfabric's answer
   /// when the provider has none, kDeviceNotFound when the filter matches none.
@@ -157,11 +169,16 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   size_t Poll(int wait_ms = 0);
   /// Between BeginDrive and EndDrive a caller reaps this domain's completions itself (Poll): the progress
   /// thread stays out of the completion queue (it would take completions the caller sleeps for, and wake for
-  /// each), and keeps out for kDriveLinger after the last driver left unless operations are outstanding, so a
-  /// loop of synchronous transfers does not wake it. Calls nest and may come from several threads.
+  /// each). For kDriveLinger after the last driver left, with nothing outstanding, it keeps out of
+  /// fi_cq_sread (so the next synchronous call needs no fi_cq_signal) but still polls the queue every
+  /// kLingerPoll, so peers' RMA on this endpoint keeps its progress; an operation posted outside a drive
+  /// ends the linger at once. Calls nest and may come from several threads.
   void BeginDrive();
   void EndDrive();
   static constexpr std::chrono::microseconds kDriveLinger{1000};
+  static constexpr std::chrono::microseconds kLingerPoll{50};
+  /// How often BeginDrive was called (tests: which domains a synchronous call drove).
+  uint64_t drives() const { return drives_.load(std::memory_order_relaxed); }
 
   /// Called on the progress thread with the destination of an operation that timed out. Set before the
   /// first Post.
@@ -177,8 +194,10 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   FabricDomain(const FabricApi* api, const Options& options) : api_(api), options_(options) {}
   Status Init(struct fi_info* info);
   void Progress();
-  /// Progress thread: whether to stay out of the completion queue now (a driver reaps); waits a while if so.
-  bool Parked();
+  /// Progress thread: whether to stay out of the completion queue now, waiting a while if so: kDriven (a
+  /// driver reaps), kLinger (just after a drive: the caller then polls without sleeping in the queue).
+  enum class Park : uint8_t { kOut, kDriven, kLinger };
+  Park Parked();
   /// Polling: sleeps `how_long`, or less when an operation is posted during an `idle` nap.
   void Nap(std::chrono::microseconds how_long, bool idle);
   /// Handles what fi_cq_read returned (`n` entries, or an error such as -FI_EAVAIL); the count finished.
@@ -205,6 +224,7 @@ class FabricDomain : public std::enable_shared_from_this<FabricDomain> {
   uint64_t remote_seen_ = 0;                // progress thread only
   std::atomic<uint64_t> next_key_{1};
   std::atomic<int> drivers_{0};         // callers between BeginDrive and EndDrive
+  std::atomic<uint64_t> drives_{0};     // BeginDrive calls
   std::atomic<bool> in_wait_{false};    // the progress thread is (about to be) in fi_cq_sread
   std::mutex park_mu_;                  // guards the four below
   std::condition_variable park_cv_;     // the parked progress thread waits here

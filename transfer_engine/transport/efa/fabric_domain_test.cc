@@ -309,5 +309,132 @@ TEST_F(FabricDomainTest, PollingDomainsServeSmallWritesWithoutIdleNaps) {
   EXPECT_EQ(dst[4095], 'z');
 }
 
+// An operation posted outside a drive right after one ended is reaped at once, not after the progress
+// thread's linger (FabricDomain::kDriveLinger, 1 ms): back-to-back asynchronous transfers after a
+// synchronous one keep their latency.
+TEST_F(FabricDomainTest, AnOperationPostedRightAfterADriveIsNotHeldByTheLinger) {
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  std::vector<char> src(4096, 'l'), dst(4096);
+  auto src_mr = a->Register(src.data(), src.size(), FabricDomain::RemoteAccess::kNone);
+  auto dst_mr = b->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+  ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+  auto peer = a->Insert(b->info().address);
+  ASSERT_TRUE(peer.ok());
+  const uint64_t base = b->info().virt_addr ? reinterpret_cast<uint64_t>(dst.data()) : 0;
+  constexpr int kWrites = 40;
+  Clock::duration total{};
+  for (int i = -1; i < kWrites; ++i) {  // the first write (i = -1: connection setup) is not counted
+    a->BeginDrive();
+    a->EndDrive();  // nothing outstanding: the progress thread lingers
+    Waiter w;
+    auto op = Op(FabricOp::Kind::kWrite, src.data(), src.size(), *peer, base, (*dst_mr)->key(), w);
+    op->local_desc = (*src_mr)->desc();
+    const auto t0 = Clock::now();
+    a->Post(std::move(op));
+    ASSERT_TRUE(w.Wait(std::chrono::seconds(5)));
+    if (i >= 0) total += Clock::now() - t0;
+    ASSERT_EQ(w.ok(), 1) << w.last_error().ToString();
+  }
+  // Held by the linger, each would take most of 1 ms (about 40 ms in all); here a 4 KiB write takes tens of us.
+  EXPECT_LT(total, std::chrono::milliseconds(16))
+      << std::chrono::duration_cast<std::chrono::microseconds>(total).count() / kWrites << " us per write";
+}
+
+// A domain whose own caller drove it a moment ago keeps serving its peers' RMA (their progress is its
+// progress thread's, tcp and shm alike): a target that runs a synchronous call every 200 us, so that its
+// progress thread lingers all the time, still completes an initiator's writes promptly.
+TEST_F(FabricDomainTest, ADomainThatLingersAfterDrivesStillServesPeersRma) {
+  for (const char* provider : {"tcp;ofi_rxm", "shm"}) {
+    SCOPED_TRACE(provider);
+    FabricDomain::Options o;
+    o.provider = provider;
+    if (std::string(provider) != "shm") o.domain_filter = "lo";
+    o.op_timeout = std::chrono::milliseconds(3000);
+    auto ia = FabricDomain::Open(api_, o), ib = FabricDomain::Open(api_, o);
+    ASSERT_TRUE(ia.ok() && ib.ok()) << ia.status().ToString() << " " << ib.status().ToString();
+    auto a = *ia, b = *ib;
+    std::vector<char> src(4096, 't'), dst(4096);
+    auto src_mr = a->Register(src.data(), src.size(), FabricDomain::RemoteAccess::kNone);
+    auto dst_mr = b->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+    ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+    auto peer = a->Insert(b->info().address);
+    ASSERT_TRUE(peer.ok());
+    const uint64_t base = b->info().virt_addr ? reinterpret_cast<uint64_t>(dst.data()) : 0;
+    std::atomic<bool> done{false};
+    std::thread target([&] {
+      while (!done.load()) {
+        b->BeginDrive();
+        b->EndDrive();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    constexpr int kWrites = 20;
+    int ok = 0;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kWrites; ++i) {
+      Waiter w;
+      auto op = Op(FabricOp::Kind::kWrite, src.data(), src.size(), *peer, base, (*dst_mr)->key(), w);
+      op->local_desc = (*src_mr)->desc();
+      a->Post(std::move(op));
+      if (!w.Wait(std::chrono::seconds(5))) break;
+      if (w.ok() != 1) break;
+      ++ok;
+    }
+    const auto took = Clock::now() - t0;
+    done.store(true);
+    target.join();
+    EXPECT_EQ(ok, kWrites) << "the target's progress stalled while it lingered";
+    EXPECT_LT(took, std::chrono::milliseconds(1000))
+        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+    EXPECT_EQ(dst[4095], 't');
+  }
+}
+
+// An operation whose post_by has passed is never posted: it fails with NotPostedInTime and nothing of it
+// reaches the target; one without post_by, queued behind it, is posted.
+TEST_F(FabricDomainTest, AnOperationPastItsPostByIsNotPosted) {
+  auto a = Open(/*max_outstanding=*/1), b = Open();
+  ASSERT_TRUE(a && b);
+  std::vector<char> big(1 << 20, 'b'), small(4096, 's'), dst(1 << 20, '.'), dst2(4096, '.');
+  auto big_mr = a->Register(big.data(), big.size(), FabricDomain::RemoteAccess::kNone);
+  auto small_mr = a->Register(small.data(), small.size(), FabricDomain::RemoteAccess::kNone);
+  auto dst_mr = b->Register(dst.data(), dst.size(), FabricDomain::RemoteAccess::kReadWrite);
+  auto dst2_mr = b->Register(dst2.data(), dst2.size(), FabricDomain::RemoteAccess::kReadWrite);
+  ASSERT_TRUE(big_mr.ok() && small_mr.ok() && dst_mr.ok() && dst2_mr.ok());
+  auto peer = a->Insert(b->info().address);
+  ASSERT_TRUE(peer.ok());
+  const bool virt = b->info().virt_addr;
+  Waiter first, late, last;
+  auto op = Op(FabricOp::Kind::kWrite, big.data(), big.size(), *peer, virt ? reinterpret_cast<uint64_t>(dst.data()) : 0,
+               (*dst_mr)->key(), first);
+  op->local_desc = (*big_mr)->desc();
+  a->Post(std::move(op));
+  Status late_status;
+  op = Op(FabricOp::Kind::kWrite, small.data(), small.size(), *peer,
+          virt ? reinterpret_cast<uint64_t>(dst2.data()) : 0, (*dst2_mr)->key(), late);
+  op->local_desc = (*small_mr)->desc();
+  op->post_by = Clock::now() + std::chrono::microseconds(50);  // queued behind 1 MiB: not posted by then
+  auto inner = std::move(op->done);
+  op->done = [&late_status, inner](const Status& st) {
+    late_status = st;
+    inner(st);
+  };
+  a->Post(std::move(op));
+  op = Op(FabricOp::Kind::kWrite, big.data(), 4096, *peer, virt ? reinterpret_cast<uint64_t>(dst.data()) : 0,
+          (*dst_mr)->key(), last);
+  op->local_desc = (*big_mr)->desc();
+  a->Post(std::move(op));
+  ASSERT_TRUE(first.Wait(std::chrono::seconds(5)) && late.Wait(std::chrono::seconds(5)) &&
+              last.Wait(std::chrono::seconds(5)));
+  EXPECT_EQ(first.ok(), 1);
+  EXPECT_EQ(last.ok(), 1);
+  EXPECT_EQ(late.failed(), 1);
+  EXPECT_TRUE(IsNotPostedInTime(late_status)) << late_status.ToString();
+  EXPECT_EQ(dst2[0], '.');
+  EXPECT_EQ(dst2[4095], '.');
+  EXPECT_EQ(dst[0], 'b');
+}
+
 }  // namespace
 }  // namespace mooncake::te::efa

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "transfer_engine/platform/host_emulation/host_emulation_platform.h"
 #include "transfer_engine/transport/conformance/pattern.h"
 #include "transfer_engine/transport/conformance/target.h"
+#include "transfer_engine/transport/rdma/rdma_nic.h"
 #include "transfer_engine/transport/rdma/testing/fake_env.h"
 #include "transfer_engine/transport/rdma/testing/fake_verbs.h"
 
@@ -34,10 +36,14 @@ using conformance::Digest;
 using conformance::FillPattern;
 
 const std::string kState = [] {
-  std::string s = fake::UseFakeVerbs("fake_mlx5_0:numa=1,fake_mlx5_1:numa=0");
+  // fake_mlx5_0 is on NUMA node 1 under PCIe root pci0000:80, fake_mlx5_1 on node 0 under pci0000:00.
+  std::string s = fake::UseFakeVerbs("fake_mlx5_0:numa=1:pcie_root=80,fake_mlx5_1:numa=0:pcie_root=00");
   setenv("MC_RDMA_FAKE_HOST", "hostA", 1);
   setenv("MC_RDMA_FAKE_PEERMEM", "1", 1);  // "cuda" memory of the host emulation registers (peer memory)
-  PlatformRegistry::Get().Register(MakeHostEmulationPlatform(1));
+  // The devices' locality, as the engine core reads it from the platform (MemoryRegion::locality): cuda:0 on
+  // NUMA node 1 at an unknown PCI address; cuda:1 on node 1 too, at 0000:3b:00.0 (below root pci0000:00).
+  PlatformRegistry::Get().Register(
+      MakeHostEmulationPlatform(2, {DeviceLocality{1, ""}, DeviceLocality{1, "0000:3b:00.0"}}));
   return s;
 }();
 
@@ -181,6 +187,70 @@ TEST_F(RdmaAffinityTest, TheTopologyMatrixChoosesPerLocation) {
   ASSERT_TRUE(a_->UnregisterMemory(*dev).ok());
   a_.reset();
   ASSERT_TRUE(platform->Free(*dev, kSize, AllocationKind::kDevice).ok());
+}
+
+// Device memory without a topology matrix entry prefers the NICs on its device's NUMA node (the locality the
+// engine core got from the platform): cuda:0 is on node 1, as is fake_mlx5_0.
+TEST_F(RdmaAffinityTest, DeviceMemoryUsesTheNicsOfItsDevicesNumaNode) {
+  unsetenv("MC_CUSTOM_TOPO_JSON");
+  Make();
+  auto platform = PlatformRegistry::Get().ForType(MemoryType::kCuda);
+  ASSERT_NE(platform, nullptr);
+  auto dev = platform->Allocate(kSize, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(dev.ok());
+  auto copy = platform->CopyAsync(*dev, src_->data(), kSize, 0);
+  ASSERT_TRUE(copy.ok() && (*copy)->Wait().ok());
+  ASSERT_TRUE(a_->RegisterMemory(*dev, kSize, "cuda:0").ok());
+  ASSERT_TRUE(Write(static_cast<const uint8_t*>(*dev), kSize).ok());
+  EXPECT_EQ(BytesVia("fake_mlx5_0"), kSize) << "cuda:0 memory (NUMA node 1) ignored its locality: " << a_->StatsJson();
+  EXPECT_EQ(BytesVia("fake_mlx5_1"), 0u) << a_->StatsJson();
+  ASSERT_TRUE(a_->UnregisterMemory(*dev).ok());
+  a_.reset();
+  ASSERT_TRUE(platform->Free(*dev, kSize, AllocationKind::kDevice).ok());
+}
+
+// Device memory without a matrix entry prefers the NICs under its device's PCIe root, before its NUMA node:
+// cuda:1 (0000:3b:00.0, NUMA node 1) is below root pci0000:00 (the highest root bus not above 0x3b among
+// the fake sysfs's pci0000:00 and pci0000:80), as is fake_mlx5_1, which is on NUMA node 0.
+TEST_F(RdmaAffinityTest, DeviceMemoryUsesTheNicsUnderItsPcieRoot) {
+  unsetenv("MC_CUSTOM_TOPO_JSON");
+  Make();
+  auto platform = PlatformRegistry::Get().ForType(MemoryType::kCuda);
+  ASSERT_NE(platform, nullptr);
+  auto dev = platform->Allocate(kSize, AllocationKind::kDevice, 1);
+  ASSERT_TRUE(dev.ok());
+  auto copy = platform->CopyAsync(*dev, src_->data(), kSize, 1);
+  ASSERT_TRUE(copy.ok() && (*copy)->Wait().ok());
+  ASSERT_TRUE(a_->RegisterMemory(*dev, kSize, "cuda:1").ok());
+  ASSERT_TRUE(Write(static_cast<const uint8_t*>(*dev), kSize).ok());
+  EXPECT_EQ(BytesVia("fake_mlx5_1"), kSize) << "cuda:1 memory ignored its PCIe root: " << a_->StatsJson();
+  EXPECT_EQ(BytesVia("fake_mlx5_0"), 0u) << a_->StatsJson();
+  ASSERT_TRUE(a_->UnregisterMemory(*dev).ok());
+  a_.reset();
+  ASSERT_TRUE(platform->Free(*dev, kSize, AllocationKind::kDevice).ok());
+}
+
+TEST(RdmaPcieRootTest, RootsOfPathsAndBusIds) {
+  std::string root, dir;
+  ASSERT_TRUE(PcieRootOfPath("/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0", &root, &dir));
+  EXPECT_EQ(root, "pci0000:3a");
+  EXPECT_EQ(dir, "/sys/devices");
+  EXPECT_FALSE(PcieRootOfPath("/sys/devices/virtual/net/lo", &root, &dir));
+  EXPECT_FALSE(PcieRootOfPath("/x/pcie0000:3a/y", &root, &dir));
+  const char* tmp = getenv("TEST_TMPDIR");
+  const std::string roots = std::string(tmp ? tmp : "/tmp") + "/pcie_roots";
+  mkdir(roots.c_str(), 0777);
+  for (const char* r : {"pci0000:00", "pci0000:3a", "pci0000:80", "pci0001:00", "platform"}) {
+    mkdir((roots + "/" + r).c_str(), 0777);
+  }
+  EXPECT_EQ(PcieRootOf("0000:3b:00.0", {roots}), "pci0000:3a");
+  EXPECT_EQ(PcieRootOf("0000:3a:00.0", {roots}), "pci0000:3a");
+  EXPECT_EQ(PcieRootOf("0000:17:00.1", {roots}), "pci0000:00");
+  EXPECT_EQ(PcieRootOf("0000:ca:00.0", {roots}), "pci0000:80");
+  EXPECT_EQ(PcieRootOf("0001:05:00.0", {roots}), "pci0001:00");
+  EXPECT_EQ(PcieRootOf("0002:05:00.0", {roots}), "");  // no root of that domain
+  EXPECT_EQ(PcieRootOf("not a bus id", {roots}), "");
+  EXPECT_EQ(PcieRootOf("0000:3b:00.0", {}), "");
 }
 
 }  // namespace

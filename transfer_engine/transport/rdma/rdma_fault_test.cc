@@ -458,6 +458,52 @@ TEST_F(RdmaFaultTest, APeerRestartedWithOtherNicsGetsFreshEndpoints) {
   EXPECT_LE(OwnQps(), qps) << "QPs to the vanished instance are still open";
 }
 
+// The peer restarts under the same name on the same host (the same NIC names and GIDs; a new instance, new
+// QPNs and keys, its buffer elsewhere): the next transfer through the handle opened on the first instance
+// completes on fresh endpoints, and the endpoints to the dead QPs are closed. Nothing per peer outlives
+// the instance (the peer is keyed by its instance id; a new instance under the name retires the old one).
+TEST_F(RdmaFaultTest, APeerRestartedOnTheSameHostGetsFreshEndpoints) {
+  auto e = TransferEngine::Create(Options());
+  ASSERT_TRUE(e.ok());
+  a_ = std::move(e.value());
+  src_.resize(kSize);
+  FillPattern(src_.data(), kSize, 37, 0);
+  ASSERT_TRUE(a_->RegisterMemory(src_.data(), kSize).ok());
+  const uint16_t port = FreePort();
+  ASSERT_NE(port, 0);
+  EngineOptions t = Options();
+  t.local_server_name = "127.0.0.1:" + std::to_string(port);
+  setenv("MC_LEGACY_RPC_PORT_BINDING", "1", 1);  // the target binds that port (inherited by the children)
+  auto first = StartTarget(t);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  target_ = std::move(first.value());
+  const std::string name = target_->segment_name();
+  auto h = a_->OpenSegment(name);
+  ASSERT_TRUE(h.ok());
+  h_ = *h;
+  base_ = target_->buffer_address();
+  ASSERT_TRUE(WriteAndCheck(0, 1 << 20).ok());
+  const size_t qps = OwnQps();
+  ASSERT_GT(qps, 0u);
+  target_->Vanish();
+  auto second = StartTarget(t);  // hostB again
+  unsetenv("MC_LEGACY_RPC_PORT_BINDING");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  target_ = std::move(second.value());
+  ASSERT_EQ(target_->segment_name(), name);
+  base_ = target_->buffer_address();
+  auto start = Clock::now();
+  Status st = WriteAndCheck(0, 1 << 20);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_LE(OwnQps(), qps) << "QPs to the vanished instance are still open";
+  // And the one after it goes straight through.
+  start = Clock::now();
+  st = WriteAndCheck(1 << 20, 1 << 20);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+}
+
 // One peer's retry hangs in a handshake (the peer process is stopped, so its RPC never answers): another peer's
 // retries still run at once.
 TEST_F(RdmaFaultTest, APeerWhoseHandshakeHangsDoesNotDelayOtherPeersRetries) {

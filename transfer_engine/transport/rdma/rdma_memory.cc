@@ -63,11 +63,34 @@ Status RdmaTransport::LoadTopology(const std::string& path) {
 std::vector<bool> RdmaTransport::PreferredNics(const MemoryRegion& region, std::string* why) const {
   std::vector<bool> pref(nics_.size(), false);
   size_t count = 0;
-  const int node = region.kind.is_device() ? -1 : NumaNodeOf(region.start);
+  // Device memory: the NUMA node the engine core found for its device (MemoryRegion::locality; -1 unknown).
+  const int node = region.kind.is_device() ? region.locality.numa_node : NumaNodeOf(region.start);
   const std::string location = region.kind.is_device() ? region.kind.ToString()
                                                         : (node >= 0 ? "cpu:" + std::to_string(node) : "");
   auto it = location.empty() ? topology_.end() : topology_.find(location);
-  if (it != topology_.end()) {
+  // Device memory without a matrix entry: the NICs under its device's PCIe root first (where the platform
+  // told its PCI address and sysfs places both), else those on its NUMA node.
+  std::string root;
+  if (it == topology_.end() && region.kind.is_device() && !region.locality.pci_bus_id.empty()) {
+    std::vector<std::string> dirs;
+    for (const auto& nic : nics_) {
+      const std::string& d = nic->info().pcie_roots_dir;
+      if (!d.empty() && std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+    }
+    root = PcieRootOf(region.locality.pci_bus_id, dirs);
+    size_t under = 0;
+    for (const auto& nic : nics_) under += !root.empty() && nic->info().pcie_root == root;
+    if (under == 0 || under == nics_.size()) root.clear();  // tells nothing apart: NUMA decides
+  }
+  if (!root.empty()) {
+    for (size_t i = 0; i < nics_.size(); ++i) {
+      if (nics_[i]->info().pcie_root == root) {
+        pref[i] = true;
+        count++;
+      }
+    }
+    *why = "the NICs under PCIe root " + root + " (that of " + location + " at " + region.locality.pci_bus_id + ")";
+  } else if (it != topology_.end()) {
     for (size_t i = 0; i < nics_.size(); ++i) {
       if (std::find(it->second.begin(), it->second.end(), nics_[i]->info().name) != it->second.end()) {
         pref[i] = true;
@@ -82,9 +105,10 @@ std::vector<bool> RdmaTransport::PreferredNics(const MemoryRegion& region, std::
         count++;
       }
     }
-    *why = "the NICs on NUMA node " + std::to_string(node);
+    *why = "the NICs on NUMA node " + std::to_string(node) +
+           (region.kind.is_device() ? " (that of " + location + ")" : std::string());
   } else {
-    // Device memory without a matrix entry: the platform interface tells no PCIe/NUMA locality of a device.
+    // Device memory without a matrix entry whose platform tells no NUMA node of the device.
     *why = region.kind.is_device() ? "no locality known for " + location : "NUMA node unknown";
   }
   if (count == 0 || count == nics_.size()) {

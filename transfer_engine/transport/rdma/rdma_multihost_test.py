@@ -136,7 +136,7 @@ def test_two_nics_are_striped_and_a_cut_link_hands_its_work_to_the_other(net):
 
 def test_striping_follows_the_measured_throughput(net):
     # mlx5_0 moves 40 MB/s, mlx5_1 10 MB/s (the fake's emulated rates, on both hosts): after a first transfer
-    # has measured both, a transfer is split about 4:1 instead of 1:1.
+    # has measured both, a transfer is split by the measured rates (about 4:1) instead of 1:1.
     a, b = net.host("a"), net.host("b")
     net.link(a, b)
     net.link(a, b)
@@ -155,9 +155,16 @@ def test_striping_follows_the_measured_throughput(net):
         slow = local_bytes(after, "mlx5_1") - local_bytes(first, "mlx5_1")
         print(f"32 MiB over 40 + 10 MB/s NICs in {r['seconds']:.2f} s: {fast / MiB:.1f} MiB on mlx5_0, "
               f"{slow / MiB:.1f} MiB on mlx5_1; measured {json.dumps({k: v['mbps'] for k, v in after.items()})}")
-        assert slow > 0 and fast >= 2.5 * slow, (fast, slow)
-        # 1:1 would take 16 MiB / 10 MB/s = 1.7 s; 4:1 about 0.84 s.
-        assert r["seconds"] < 1.5, r
+        # Byte counts, not times: both NICs carried part of it, every byte is accounted for, and the split
+        # follows the throughput measured before this transfer (on a loaded machine the measured ratio may
+        # be below the emulated 4:1, so it is compared with what was measured; a 1:1 split fails both).
+        assert fast > 0 and slow > 0, (fast, slow)
+        assert fast + slow >= size, (fast, slow)
+        m_fast = sum(p.get("mbps", 0) for label, p in first.items() if label.startswith("mlx5_0->"))
+        m_slow = sum(p.get("mbps", 0) for label, p in first.items() if label.startswith("mlx5_1->"))
+        assert m_fast > m_slow > 0, first
+        assert fast > 1.5 * slow, (fast, slow, m_fast, m_slow)
+        assert abs(fast / size - m_fast / (m_fast + m_slow)) < 0.2, (fast, slow, m_fast, m_slow)
     finally:
         initiator.close()
         target.close()

@@ -1,16 +1,79 @@
 #include "transfer_engine/transport/rdma/rdma_nic.h"
 
+#include <dirent.h>
 #include <poll.h>
 
 #include <algorithm>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "transfer_engine/common/log.h"
 
 namespace mooncake::te::rdma {
+
+namespace {
+
+// "pci<4 hex>:<2 hex>": a PCIe root's sysfs directory name; its domain and bus.
+bool ParsePcieRoot(const std::string& name, unsigned* domain, unsigned* bus) {
+  if (name.size() != 10 || name.compare(0, 3, "pci") != 0 || name[7] != ':') return false;
+  char* end = nullptr;
+  const std::string d = name.substr(3, 4), b = name.substr(8, 2);
+  *domain = static_cast<unsigned>(strtoul(d.c_str(), &end, 16));
+  if (*end != '\0') return false;
+  *bus = static_cast<unsigned>(strtoul(b.c_str(), &end, 16));
+  return *end == '\0' && isxdigit(static_cast<unsigned char>(d[0])) && isxdigit(static_cast<unsigned char>(b[0]));
+}
+
+}  // namespace
+
+bool PcieRootOfPath(const std::string& path, std::string* root, std::string* roots_dir) {
+  size_t start = 0;
+  while (start < path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(start, end - start);
+    unsigned domain, bus;
+    if (ParsePcieRoot(part, &domain, &bus)) {
+      *root = part;
+      *roots_dir = start > 0 ? path.substr(0, start - 1) : std::string();
+      return true;
+    }
+    start = end + 1;
+  }
+  return false;
+}
+
+std::string PcieRootOf(const std::string& bus_id, const std::vector<std::string>& roots_dirs) {
+  unsigned domain = 0, bus = 0, dev = 0, fn = 0;
+  char tail = 0;
+  if (sscanf(bus_id.c_str(), "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &tail) != 4) return "";
+  if (char* real = realpath(("/sys/bus/pci/devices/" + bus_id).c_str(), nullptr)) {
+    std::string root, dir;
+    const bool found = PcieRootOfPath(real, &root, &dir);
+    free(real);
+    if (found) return root;
+  }
+  std::string best;
+  unsigned best_bus = 0;
+  for (const std::string& dir : roots_dirs) {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    while (dirent* e = readdir(d)) {
+      unsigned rd, rb;
+      if (!ParsePcieRoot(e->d_name, &rd, &rb) || rd != domain || rb > bus) continue;
+      if (best.empty() || rb > best_bus) {
+        best = e->d_name;
+        best_bus = rb;
+      }
+    }
+    closedir(d);
+  }
+  return best;
+}
 
 std::string GidText(const ibv_gid& gid) {
   char buf[48];
@@ -110,6 +173,10 @@ StatusOr<NicInfo> InspectDevice(const VerbsApi* api, ibv_device* device, const R
   if (FILE* f = fopen((std::string(device->ibdev_path) + "/device/numa_node").c_str(), "re")) {
     if (fscanf(f, "%d", &info.numa_node) != 1) info.numa_node = -1;
     fclose(f);
+  }
+  if (char* real = realpath((std::string(device->ibdev_path) + "/device").c_str(), nullptr)) {
+    PcieRootOfPath(real, &info.pcie_root, &info.pcie_roots_dir);
+    free(real);
   }
   info.lid = port.lid;
   info.active_mtu = port.active_mtu;

@@ -29,12 +29,25 @@ struct NicInfo {
   int max_rd_atom = 16;       ///< max_qp_rd_atom: RDMA READs a responder QP serves at once
   int max_init_rd_atom = 16;  ///< max_qp_init_rd_atom: RDMA READs a requester QP has outstanding
   int numa_node = -1;         ///< <ibdev_path>/device/numa_node; -1 when unknown
+  /// The PCIe root it is under: the "pci<domain>:<bus>" directory its sysfs device (<ibdev_path>/device,
+  /// resolved) lies below, and the directory holding that root and its siblings; empty when unknown.
+  std::string pcie_root, pcie_roots_dir;
 };
 
 /// "fe80:0000:0000:0000:0202:c9ff:fe00:0001" (Mooncake's GID text).
 std::string GidText(const ibv_gid& gid);
 /// Parses GidText's form or 32 hex digits; nullopt otherwise (peer input).
 std::optional<ibv_gid> ParseGid(const std::string& text);
+
+/// The PCIe root ("pci0000:3a") a sysfs path lies below and the directory that holds it ("/sys/devices"), or
+/// false when no component of the path is one.
+bool PcieRootOfPath(const std::string& path, std::string* root, std::string* roots_dir);
+
+/// The PCIe root of the PCI function `bus_id` ("0000:3b:00.0"): the one its sysfs entry
+/// (/sys/bus/pci/devices/<bus_id>) lies below where that exists; else, among the roots in `roots_dirs` (e.g.
+/// "/sys/devices", as NICs' paths name them), the one of the same PCI domain with the highest bus number not
+/// above the function's (a root's buses run up to the next root's). Empty when neither tells.
+std::string PcieRootOf(const std::string& bus_id, const std::vector<std::string>& roots_dirs);
 
 /// Whether `device` can serve: node type CA, port `cfg.ib_port` ACTIVE with an InfiniBand or Ethernet link
 /// layer, a usable GID (cfg.gid_index, else chosen: RoCEv2 IPv4-mapped, RoCEv2, RoCEv1/IB, never an empty

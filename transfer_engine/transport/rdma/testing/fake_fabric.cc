@@ -41,6 +41,7 @@ Config ReadConfig() {
       else if (p.rfind("max_mr=", 0) == 0) d.max_mr = strtoull(p.c_str() + 7, nullptr, 10);
       else if (p.rfind("mbps=", 0) == 0) d.mbps = atof(p.c_str() + 5);
       else if (p.rfind("numa=", 0) == 0) d.numa = atoi(p.c_str() + 5);
+      else if (p.rfind("pcie_root=", 0) == 0) d.pcie_root = static_cast<int>(strtol(p.c_str() + 10, nullptr, 16));
     }
     c.devices.push_back(d);
   }
@@ -50,11 +51,27 @@ Config ReadConfig() {
   for (const char* sub : {"/qp", "/mr", "/fault", "/port", "/sysfs"}) mkdir((c.state + sub).c_str(), 0777);
   c.valid = true;
   // Each device's sysfs entry, as libibverbs' ibdev_path names one: device/numa_node gives its NUMA node.
-  for (const DeviceSpec& d : c.devices) {
+  for (size_t i = 0; i < c.devices.size(); ++i) {
+    const DeviceSpec& d = c.devices[i];
     std::string dir = c.state + "/sysfs/" + c.host + "." + d.name;
     mkdir(dir.c_str(), 0777);
-    mkdir((dir + "/device").c_str(), 0777);
-    WriteFileAtomic(dir + "/device/numa_node", std::to_string(d.numa) + "\n");
+    if (d.pcie_root >= 0 && d.pcie_root < 0xff) {
+      // Under a PCIe root: `device` links to the device's directory below the root, as in sysfs.
+      char root[32], function[64];
+      snprintf(root, sizeof(root), "pci0000:%02x", d.pcie_root);
+      snprintf(function, sizeof(function), "0000:%02x:00.%zu", d.pcie_root + 1, i % 8);
+      const std::string devices = c.state + "/sysfs/" + c.host + "/devices";
+      const std::string target = devices + "/" + root + "/" + function;
+      mkdir((c.state + "/sysfs/" + c.host).c_str(), 0777);
+      mkdir(devices.c_str(), 0777);
+      mkdir((devices + "/" + root).c_str(), 0777);
+      mkdir(target.c_str(), 0777);
+      WriteFileAtomic(target + "/numa_node", std::to_string(d.numa) + "\n");
+      if (symlink(target.c_str(), (dir + "/device").c_str()) != 0 && errno != EEXIST) continue;
+    } else {
+      mkdir((dir + "/device").c_str(), 0777);
+      WriteFileAtomic(dir + "/device/numa_node", std::to_string(d.numa) + "\n");
+    }
   }
   return c;
 }

@@ -53,6 +53,7 @@ struct DeviceSpec {
   uint64_t max_mr = 1ULL << 40;
   double mbps = 0;  // emulated link rate in MB/s (0: as fast as memory)
   int numa = -1;    // the NUMA node its sysfs entry reports (-1: none, as for a virtual device)
+  int pcie_root = -1;  // the bus number of the PCIe root it is under (-1: its sysfs entry names none)
 };
 
 struct Config {
@@ -324,6 +325,8 @@ ibv_wc_status Execute(FakeContext* c, const Work& w, const Connection& conn, uin
 void ApplyQpErrorFault(FakeContext* c);
 void WorkerLoop(FakeContext* c);
 /// The fake sysfs directory of a device (its ibdev_path): <state>/sysfs/<host>.<device>, with device/numa_node.
+/// With a PCIe root R, `device` is a link to <state>/sysfs/<host>/devices/pci0000:R/0000:(R+1):00.<n> (as
+/// sysfs links a device under its root), and <state>/sysfs/<host>/devices lists the roots of the host's devices.
 std::string SysfsPath(const DeviceSpec& d);
 
 }  // namespace mooncake::te::rdma::fake::internal

@@ -14,7 +14,9 @@
 //                         `ib` (InfiniBand link layer, a LID, one GID), `down` (port DOWN), `nogid` (empty GID
 //                         table), `switch` (node type switch), `max_mr=<bytes>` (max_mr_size), `mbps=<MB/s>`
 //                         (an emulated link rate: the worker sleeps after each WR), `numa=<node>` (the NUMA node
-//                         its sysfs entry reports: <ibdev_path>/device/numa_node, under MC_RDMA_FAKE_STATE);
+//                         its sysfs entry reports: <ibdev_path>/device/numa_node, under MC_RDMA_FAKE_STATE),
+//                         `pcie_root=<hex bus>` (the PCIe root it is under: <ibdev_path>/device links to
+//                         sysfs/<host>/devices/pci0000:<bus>/<its address> under MC_RDMA_FAKE_STATE);
 //                         default "fake_mlx5_0,fake_mlx5_1";
 //   MC_RDMA_FAKE_DMABUF   0: reg_dmabuf_mr fails with EOPNOTSUPP (a provider without dma-buf); default 1;
 //   MC_RDMA_FAKE_PEERMEM  1: peer_memory() says a peer-memory client is loaded; default 0;
