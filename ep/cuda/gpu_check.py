@@ -1,5 +1,11 @@
 """The GPU check of mooncake.ep's CUDA path, for a machine with a GPU: builds, checks against the CPU path, times.
 
+A module of the one GPU check, tools/gpu_check/gpu_check.py (`bazel run //tools/gpu_check`), which runs its
+check_kernels, check_copies, check_ipc, time_kernels and end_to_end (as ep_kernels, ep_copies, ep_ipc, ep_timing,
+ep_end_to_end, each in its own process under a time limit) with the transport and store checks; it imports this
+file as the module `gpu_check` (its folder first on sys.path), so the IPC check's spawned process finds
+_ipc_owner. It still runs alone, as below.
+
 It needs the Transfer Engine extension for the GPU machine's Python, since device memory, CUDA IPC and copies
 go through the platform layer's cuda platform (mooncake._native.platform): build both HERE, where Bazel is, and
 carry them there (no Bazel needed there):

@@ -1,12 +1,12 @@
-"""The GPU-machine check of device memory over the transports and of nvlink_intra (issue 14), for a machine with an
-NVIDIA GPU. It cannot run here (no GPU): without a usable cuda platform it exits 2 and says why.
+"""The nvlink_intra and device-memory part of the GPU check (issue 14): a module of the one GPU check,
+tools/gpu_check/gpu_check.py (`bazel run //tools/gpu_check`, or `python3 tools/gpu_check/gpu_check.py` on a GPU
+machine without Bazel), which runs these checks with the others, each under a time limit. It still runs alone:
+  python3 transfer_engine/transport/nvlink_intra/gpu_check.py [--out DIR] [--mib 256]
+Without a usable cuda platform it exits 2 and says why.
 
 Needs, for the GPU machine's Python (built HERE, where Bazel is, and carried there; no Bazel needed there):
-  ci/build_native.sh /path/to/python3     # python/mooncake/_native<suffix> + python/mooncake/_plugins/libmc_platform_cuda.so
-  bazel build //transfer_engine/transport/nvlink_intra:libmc_transport_nvlink_intra.so
-  cp bazel-bin/transfer_engine/transport/nvlink_intra/libmc_transport_nvlink_intra.so python/mooncake/_plugins/
-(both plugins must come from the same build as _native: build ids). Run from the repository root:
-  python3 transfer_engine/transport/nvlink_intra/gpu_check.py [--out DIR] [--mib 256]
+  ci/build_native.sh /path/to/python3     # python/mooncake/_native<suffix> + python/mooncake/_plugins/ (cuda
+                                          # platform and nvlink_intra, from the same build: build ids)
 Checks, one line each ("CHECK <name> PASS|FAIL|SKIP <detail>", "BW <name> <GB/s>"), then a JSON summary (also in
 DIR/nvlink_intra_gpu_check.json):
   1. ipc_legacy: cuMemAlloc memory (platform kind "device") exported as a legacy CUDA IPC handle; a second process
@@ -18,8 +18,10 @@ DIR/nvlink_intra_gpu_check.json):
      cuda platform (cuMemcpyAsync, i.e. cudaMemcpy D2D) measured in the same run, and the ratio;
   5. tcp_staging: the same pair with MC_FORCE_TCP=1: cudaMalloc buffers over tcp through pinned host staging, bytes
      verified, and its bandwidth against host memory over tcp in the same run.
-The C++ conformance suite is not run here (its binaries need Bazel; it runs on the host emulation in CI); checks 4
-and 5 are its data-integrity core on cudaMalloc buffers across two processes.
+The C++ conformance suite is not run here (its binaries need Bazel; tools/gpu_check runs it when they are built);
+checks 4 and 5 are its data-integrity core on cudaMalloc buffers across two processes.
+MC_GPU_CHECK_PLATFORM names the platform to use as the device (default "cuda"; tools/gpu_check --emulation sets
+"host_emulation" with MC_PLATFORM_EMULATION=1, so every check's code runs on the host emulation: not a GPU).
 Exit status: 0 when every check that ran passed, 1 otherwise, 2 when there is no usable GPU (with the reason).
 """
 
@@ -35,30 +37,41 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-PLUGINS = ("libmc_platform_cuda.so", "libmc_transport_nvlink_intra.so")
+# The tree whose mooncake package and plugins are used: MC_GPU_CHECK_ROOT (tools/gpu_check sets its own, e.g. its
+# Bazel runfiles, for this module and the peers it spawns), else the one holding this file.
+ROOT = os.environ.get("MC_GPU_CHECK_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+NVLINK_PLUGIN = "libmc_transport_nvlink_intra.so"
+PLUGINS = ("libmc_platform_cuda.so", NVLINK_PLUGIN)
+PLATFORM = os.environ.get("MC_GPU_CHECK_PLATFORM", "cuda")  # the platform used as the device
 
 
-def _setup_paths() -> str:
-    """Puts the source tree's mooncake package on sys.path and the folder holding both plugins in MC_PLUGIN_DIR;
-    a reason string when something is missing, else ""."""
+def _setup_paths(names: tuple[str, ...] | None = None) -> str:
+    """Puts the source tree's mooncake package on sys.path and the folders holding the plugins `names` (default:
+    both, or only nvlink_intra when the device is not the cuda platform) in MC_PLUGIN_DIR (and the path in
+    PYTHONPATH, for child processes); a reason string naming what is missing, else ""."""
+    if names is None:
+        names = PLUGINS if PLATFORM == "cuda" else (NVLINK_PLUGIN,)
     sys.path.insert(0, os.path.join(ROOT, "python"))
     folders = [d for d in os.environ.get("MC_PLUGIN_DIR", "").split(":") if d]
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY", "")  # set by `bazel run`
     folders += [os.path.join(ROOT, "python", "mooncake", "_plugins"), HERE,
                 os.path.join(ROOT, "bazel-bin", "transfer_engine", "platform", "cuda"),
                 os.path.join(ROOT, "transfer_engine", "platform", "cuda"),  # a Bazel runfiles tree
                 os.path.join(ROOT, "bazel-bin", "transfer_engine", "transport", "nvlink_intra")]
+    if workspace:
+        folders += [os.path.join(workspace, "bazel-bin", "transfer_engine", "transport", "nvlink_intra")]
     found = {}
-    for name in PLUGINS:
+    for name in names:
         for d in folders:
             if os.path.isfile(os.path.join(d, name)):
                 found[name] = d
                 break
-    missing = [n for n in PLUGINS if n not in found]
+    given = [d for d in os.environ.get("MC_PLUGIN_DIR", "").split(":") if d]
+    os.environ["MC_PLUGIN_DIR"] = ":".join(dict.fromkeys(given + list(found.values())))
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
+    missing = [n for n in names if n not in found]
     if missing:
         return f"missing {', '.join(missing)} (looked in {', '.join(folders)}; see this file's docstring)"
-    os.environ["MC_PLUGIN_DIR"] = ":".join(dict.fromkeys(found.values()))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return ""
 
 
@@ -71,7 +84,7 @@ def pattern(n: int, seed: int):
 def _cuda():
     from mooncake._native import platform
 
-    return platform.get("cuda")
+    return platform.get(PLATFORM)
 
 
 def _host_of(cuda, ptr: int, n: int):
@@ -177,7 +190,7 @@ def role_initiator(transport: str, mib: int) -> None:
         te = rate(lambda s, d: engine.transfer_sync_write(seg, s, d, size), dev, info["device"])
         if transport == "nvlink_intra":
             base = rate(lambda s, d: cuda.copy(d, s, size), dev, dev2)  # cudaMemcpy D2D, same GPU, same run
-            out["baseline"] = "cuda platform device-to-device copy"
+            out["baseline"] = f"{PLATFORM} platform device-to-device copy"
         else:
             base = rate(lambda s, d: engine.transfer_sync_write(seg, s, d, size), host.ctypes.data, info["host"])
             out["baseline"] = "host memory over tcp"
@@ -218,7 +231,10 @@ def check_ipc(kind: str) -> tuple[str, str]:
 
 
 def check_dmabuf() -> tuple[str, str]:
-    lib = ctypes.CDLL("libcuda.so.1")
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return "SKIP", f"libcuda.so.1 does not load ({e}): dma-buf export needs the CUDA driver"
     cuda = _cuda()
     n = 2 << 20
     ptr = cuda.allocate(n, "device", 0)
@@ -245,10 +261,14 @@ def check_dmabuf() -> tuple[str, str]:
         cuda.free(ptr, n, "device")
 
 
-def check_pair(transport: str, mib: int) -> tuple[str, str, dict]:
+def check_pair(transport: str, mib: int, timeout: float = 240) -> tuple[str, str, dict]:
+    if transport == "nvlink_intra":
+        missing = _setup_paths((NVLINK_PLUGIN,))
+        if missing:
+            return "SKIP", f"the nvlink_intra plugin is not here: {missing}", {}
     env = {"MC_FORCE_TCP": "1"} if transport == "tcp" else {}
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "initiator", transport, str(mib)],
-                       capture_output=True, text=True, timeout=240, env={**os.environ, **env})
+                       capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
     lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
     if not lines:
         return "FAIL", f"exit {p.returncode}: {p.stderr[-400:]}", {}
@@ -277,7 +297,7 @@ def main() -> int:
     except ImportError as e:
         print(f"SKIP: the Transfer Engine extension does not import in this Python ({e}); see the docstring")
         return 2
-    probe = {p["name"]: p for p in platform.platforms()}.get("cuda")
+    probe = {p["name"]: p for p in platform.platforms()}.get(PLATFORM)
     if probe is None or not probe["usable"]:
         print(f"SKIP: no usable GPU: {probe['reason'] if probe else 'no cuda platform plugin loaded'}")
         return 2

@@ -159,8 +159,8 @@ struct DeviceStager::State : std::enable_shared_from_this<State> {
     pthread_setname_np(pthread_self(), "mc-tcp-stager");
     std::unique_lock lock(mu);
     while (true) {
-      cv.wait(lock, [this] { return stopping || !jobs.empty(); });
-      if (jobs.empty()) return;  // stopping, and every copy started has been waited for
+      cv.wait(lock, [this] { return (stopping && starting == 0) || !jobs.empty(); });
+      if (jobs.empty()) return;  // stopping, no copy starting, and every copy started has been waited for
       Job job = std::move(jobs.front());
       jobs.pop_front();
       lock.unlock();
@@ -180,12 +180,15 @@ struct DeviceStager::State : std::enable_shared_from_this<State> {
       std::shared_ptr<Pool> pool = std::move(job.pool);
       job = Job{};  // drops the continuation (and what it captured, e.g. staging buffers) outside the lock
       lock.lock();
-      if (pool) {
-        --pool->copies;
-        const size_t type = TypeOf(pool.get());
-        if (type < pools.size() && pool->holders == 0) MaybeRetireLocked(type);
-      }
+      if (pool) CopyEndedLocked(pool.get());
     }
+  }
+
+  // A copy counted in `pool`'s copies has been waited for, or did not start; the pool may go now. mu held.
+  void CopyEndedLocked(Pool* pool) {
+    --pool->copies;
+    const size_t type = TypeOf(pool);
+    if (type < pools.size() && pool->holders == 0) MaybeRetireLocked(type);
   }
 
   const size_t chunk;
@@ -195,6 +198,7 @@ struct DeviceStager::State : std::enable_shared_from_this<State> {
   std::condition_variable cv;
   std::deque<Job> jobs;
   bool stopping = false;
+  size_t starting = 0;  // Copy calls between their two locked sections (the platform call runs unlocked)
   std::vector<std::thread> threads;
   std::array<std::shared_ptr<Pool>, 8> pools{};  // by MemoryType; removed when retired (MaybeRetireLocked)
   size_t pinned = 0, in_use = 0, peak_in_use = 0;
@@ -210,6 +214,12 @@ DeviceStager::DeviceStager(PlatformRegistry* platforms, size_t pool_bytes, size_
       s_(std::make_shared<State>(chunk_, chunks_per_role_)) {}
 
 DeviceStager::~DeviceStager() { Stop(); }
+
+size_t DeviceStager::SliceFitting(size_t slice) const {
+  const size_t role = role_bytes();
+  if (slice + slice / 4 <= role) return slice;
+  return std::max(kMinChunk, role * 4 / 5 / kMinChunk * kMinChunk);  // s + s/4 <= role
+}
 
 std::shared_ptr<Platform> DeviceStager::PlatformFor(MemoryType type) {
   if (static_cast<size_t>(type) >= s_->pools.size() || platforms_ == nullptr) return nullptr;
@@ -260,15 +270,17 @@ Status DeviceStager::Prepare(const MemoryKind& kind) {
     pool->used[role].assign(chunks_per_role_, false);
   }
   pool->holders = 1;
-  std::lock_guard lock(s_->mu);
-  if (s_->stopping) {  // Stop ran meanwhile: nobody would use it
-    s_->FreePool(*pool);
-    return ShuttingDown();
+  {
+    std::lock_guard lock(s_->mu);
+    if (!s_->stopping) {
+      s_->pools[type] = std::move(pool);
+      s_->pinned += 2 * bytes;
+      s_->EnsureThreadsLocked();
+      return Status::Ok();
+    }
   }
-  s_->pools[type] = std::move(pool);
-  s_->pinned += 2 * bytes;
-  s_->EnsureThreadsLocked();
-  return Status::Ok();
+  s_->FreePool(*pool);  // Stop ran meanwhile: nobody would use it (freed without the lock: a platform call)
+  return ShuttingDown();
 }
 
 void DeviceStager::Unprepare(const MemoryKind& kind) {
@@ -348,29 +360,41 @@ void DeviceStager::Copy(const MemoryKind& kind, void* dst, const void* src, size
     done(Status(ErrorCode::kDeviceNotFound, "tcp staging: no usable platform for " + kind.ToString() + " memory"));
     return;
   }
-  std::unique_lock lock(s_->mu);
-  if (s_->stopping) {
-    lock.unlock();
-    done(ShuttingDown());
-    return;
+  const size_t type = static_cast<size_t>(kind.type);
+  std::shared_ptr<State::Pool> pool;
+  {
+    std::unique_lock lock(s_->mu);
+    if (s_->stopping) {
+      lock.unlock();
+      done(ShuttingDown());
+      return;
+    }
+    // Counted as starting (and against its pool, which then stays) before the lock is let go: the stager threads
+    // keep running while a copy is starting, so each copy is either refused above or waited for before Stop
+    // returns. The platform is called without the lock, so a slow start holds up no other user of the stager.
+    ++s_->starting;
+    pool = s_->pools[type];
+    if (pool) ++pool->copies;
+    s_->EnsureThreadsLocked();
   }
-  // Started under the lock, so a copy is either refused or waited for by a stager thread before Stop returns. On
-  // the pool's streams when there is a pool (its streams exist: Prepare made them).
-  std::shared_ptr<State::Pool> pool = s_->pools[static_cast<size_t>(kind.type)];
+  // On the pool's streams when there is a pool (its streams exist: Prepare made them).
   auto started = pool ? pool->streams->CopyAsync(dst, src, length, kind.device)
                       : platform->CopyAsync(dst, src, length, kind.device);
+  {
+    std::lock_guard lock(s_->mu);
+    --s_->starting;
+    if (started.ok()) {
+      s_->jobs.push_back(State::Job{std::move(started.value()), length, std::move(done), std::move(pool)});
+    } else if (pool) {
+      s_->CopyEndedLocked(pool.get());
+    }
+  }
+  s_->cv.notify_all();  // the job's waiter, or threads of a Stop waiting for the last start
   if (!started.ok()) {
-    lock.unlock();
     s_->copy_errors.fetch_add(1, std::memory_order_relaxed);
     done(Status(started.status().code(), "tcp staging: " + platform->name() + " copy of " + std::to_string(length) +
                                              " bytes did not start: " + started.status().message()));
-    return;
   }
-  if (pool) ++pool->copies;
-  s_->jobs.push_back(State::Job{std::move(started.value()), length, std::move(done), std::move(pool)});
-  s_->EnsureThreadsLocked();
-  lock.unlock();
-  s_->cv.notify_one();
 }
 
 bool DeviceStager::OnStagerThread() { return t_on_stager_thread; }

@@ -47,6 +47,8 @@ enum class StagingRole : uint8_t { kInitiator = 0, kTarget = 1 };
 /// - Copies: waited for by a few stager threads (kWaiters, started with the first copy), which block in the
 ///   completion's Wait, then run the copy's continuation; grants and wake-ups run on the same threads. No I/O
 ///   thread ever waits for a copy, and one slow copy does not hold back the continuations of others.
+/// - Locking: no platform call (Allocate, Free, CopyAsync, stream creation) is made while the stager's lock is
+///   held, so a slow copy start or free holds up no other Acquire, Copy, release or Stats.
 ///
 /// Thread-safe. Continuations, grants and wake-ups run on a stager thread (or at once on the caller's when the
 /// copy cannot start, the buffer is free at once, or the stager has stopped); they must not block for long and
@@ -77,6 +79,9 @@ class DeviceStager {
   size_t chunk_bytes() const { return chunk_; }
   /// The largest buffer one role can hold (Acquire of more fails).
   size_t role_bytes() const { return chunks_per_role_ * chunk_; }
+  /// `slice` when every slice the engine cuts at that size (a tail of up to a quarter is merged into the last
+  /// one: up to 1.25 x) fits role_bytes(); else the largest size, in 4 KiB steps (at least 4 KiB), whose slices do.
+  size_t SliceFitting(size_t slice) const;
 
   /// Calls `granted` with a buffer of at least `length` (> 0) bytes of `role`'s share once one is free: at once
   /// on the calling thread when it is (and nobody queued before), else later on a stager thread. Errors (no pool,

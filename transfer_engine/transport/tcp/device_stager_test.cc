@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -190,10 +191,29 @@ class WatchedEmulation final : public Platform {
   StatusOr<std::unique_ptr<CopyCompletion>> CopyAsync(void* dst, const void* src, size_t n, int device,
                                                       void* stream) override {
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
       copy_streams_.push_back(stream);
+      ++starts_entered_;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return !hold_starts_; });  // a slow start (a driver call), while held
     }
     return inner_->CopyAsync(dst, src, n, device, stream);
+  }
+  // While held, CopyAsync does not return (it has been entered; see WaitForStarts) until Release.
+  void HoldStarts() {
+    std::lock_guard lock(mu_);
+    hold_starts_ = true;
+  }
+  void ReleaseStarts() {
+    {
+      std::lock_guard lock(mu_);
+      hold_starts_ = false;
+    }
+    cv_.notify_all();
+  }
+  bool WaitForStarts(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return starts_entered_ >= n; });
   }
   StatusOr<void*> CreateStream(int device) override {
     auto s = inner_->CreateStream(device);
@@ -215,7 +235,10 @@ class WatchedEmulation final : public Platform {
  private:
   std::shared_ptr<Platform> inner_;
   std::mutex mu_;
+  std::condition_variable cv_;
   std::vector<void*> copy_streams_;
+  bool hold_starts_ = false;
+  int starts_entered_ = 0;
 };
 
 class DeviceStagerPoolLifeTest : public DeviceStagerTest {
@@ -305,6 +328,56 @@ TEST_F(DeviceStagerPoolLifeTest, CopiesOfUnrelatedTransfersTakeDifferentStreams)
   for (int i = 0; i < 3; ++i) EXPECT_EQ(static_cast<char*>(*device)[i * 4096 + 100], 'a' + i);
   EXPECT_EQ(stager.Stats()["streams_per_device"], 3);
   EXPECT_TRUE(emulation_->Free(*device, 3 * 4096, AllocationKind::kDevice).ok());
+}
+
+TEST_F(DeviceStagerPoolLifeTest, ASlowCopyStartHoldsUpNoOtherUserAndStopStillWaitsForIt) {
+  DeviceStager stager(&PlatformRegistry::Get(), 1 << 20, 64 << 10, 1);
+  ASSERT_TRUE(stager.Prepare(kCuda0).ok());
+  auto device = emulation_->Allocate(4096, AllocationKind::kDevice, 0);
+  ASSERT_TRUE(device.ok());
+  auto staging = AcquireNow(stager, 4096);
+  ASSERT_TRUE(staging.ok());
+  memset((*staging)->data, 0x5a, 4096);
+  std::promise<Status> copied;
+  watched_->HoldStarts();
+  std::thread starter([&] {
+    stager.Copy(kCuda0, *device, (*staging)->data, 4096, [&](const Status& st) { copied.set_value(st); });
+  });
+  ASSERT_TRUE(watched_->WaitForStarts(1));
+  // The copy's platform call is in progress: every other use of the stager goes on meanwhile.
+  auto others = std::async(std::launch::async, [&] {
+    auto b = AcquireNow(stager, 4096);
+    auto t = stager.TryAcquireOrNotify(kCuda0, StagingRole::kTarget, [] {});
+    return b.ok() && t.ok() && *t != nullptr && stager.Stats()["in_use_bytes"] == 3u * (64 << 10);  // a chunk each
+  });
+  const bool went_on = others.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  // Stop, called while the copy is still starting, must wait for it and run its continuation before returning.
+  auto stopped = std::async(std::launch::async, [&] { stager.Stop(); });
+  const bool stop_waited = stopped.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout;
+  watched_->ReleaseStarts();
+  starter.join();
+  stopped.get();
+  EXPECT_TRUE(went_on) << "Acquire, TryAcquireOrNotify and Stats waited for another caller's copy to start";
+  EXPECT_TRUE(others.get());
+  EXPECT_TRUE(stop_waited) << "Stop returned while a copy was starting";
+  auto done = copied.get_future();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(0)), std::future_status::ready) << "Stop returned before its continuation";
+  EXPECT_TRUE(done.get().ok());
+  EXPECT_EQ(static_cast<unsigned char*>(*device)[4095], 0x5a);
+  staging->reset();
+  EXPECT_TRUE(emulation_->Free(*device, 4096, AllocationKind::kDevice).ok());
+}
+
+TEST_F(DeviceStagerTest, SlicesAreCutToFitWhatOneSideOfThePoolHolds) {
+  DeviceStager big(&PlatformRegistry::Get(), 128 << 20, 1 << 20);
+  EXPECT_EQ(big.SliceFitting(1 << 20), 1u << 20);
+  DeviceStager small(&PlatformRegistry::Get(), 128 << 10, 1 << 20);  // 64 KiB per side
+  const size_t fit = small.SliceFitting(1 << 20);
+  EXPECT_EQ(fit % 4096, 0u);
+  EXPECT_LE(fit + fit / 4, small.role_bytes());
+  EXPECT_GT(fit + 4096 + (fit + 4096) / 4, small.role_bytes()) << "the largest that fits";
+  DeviceStager exact(&PlatformRegistry::Get(), 2 << 20, 1 << 20);  // one slice per side: a merged tail overflows
+  EXPECT_LT(exact.SliceFitting(1 << 20), 1u << 20);
 }
 
 }  // namespace

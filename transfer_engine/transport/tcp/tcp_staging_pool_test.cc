@@ -1,7 +1,7 @@
 // The bounded staging pool between engines: device transfers far larger than MC_TCP_STAGING_POOL_BYTES, and many
 // at once from several peers, complete with the right bytes while no engine pins more than its pool; pinned memory
 // is allocated and freed only off the I/O threads; a target's failed device copy reaches the initiator as its own
-// error (kMemory), not as an address rejection.
+// error (kMemory), not as an address rejection; a pool too small for two slices stages smaller slices.
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -156,13 +156,13 @@ class StagingPoolTest : public ::testing::Test {
     engines_.clear();
     PlatformRegistry::Get().Unregister("recording_test");
   }
-  TransferEngine& MakeEngine(size_t slice) {
+  TransferEngine& MakeEngine(size_t slice, size_t pool = kPool) {
     EngineOptions o;
     o.local_server_name = "127.0.0.1";
     o.metadata_conn = "P2PHANDSHAKE";
     o.protocol = "tcp";
     o.transports = {"tcp"};
-    o.transport_options = {{"tcp.staging_pool_bytes", std::to_string(kPool)},
+    o.transport_options = {{"tcp.staging_pool_bytes", std::to_string(pool)},
                            {"tcp.slice_size", std::to_string(slice)}};
     auto made = TransferEngine::Create(o);
     EXPECT_TRUE(made.ok()) << made.status().ToString();
@@ -211,6 +211,32 @@ TEST_F(StagingPoolTest, TransfersFarLargerThanThePoolFlowThroughItInChunks) {
   {
     std::lock_guard lock(platform_->mu_);
     EXPECT_LE(platform_->peak_pinned, 2 * kPool) << "two engines, one pool each";
+  }
+}
+
+TEST_F(StagingPoolTest, APoolSmallerThanTwoSlicesStagesSmallerSlices) {
+  // 128 KiB (the least allowed): 64 KiB per side, far less than a 1 MiB slice; and 2 x 1 MiB, where a slice with a
+  // merged tail (1.25 MiB) would not fit either. Device transfers work, through slices cut to fit.
+  for (size_t pool : {size_t{128} << 10, size_t{2} << 20}) {
+    TransferEngine& a = MakeEngine(1 << 20, pool);
+    TransferEngine& b = MakeEngine(1 << 20, pool);
+    constexpr size_t kLen = (4 << 20) + (200 << 10);  // four slices and a tail that merges into the last
+    std::vector<char> dev_a(kLen), dev_b(kLen, 0), back(kLen, 0);
+    Fill(dev_a, 7);
+    ASSERT_TRUE(a.RegisterMemory(dev_a.data(), kLen, "rocm:0").ok());
+    ASSERT_TRUE(a.RegisterMemory(back.data(), kLen, "rocm:0").ok());
+    ASSERT_TRUE(b.RegisterMemory(dev_b.data(), kLen, "rocm:0").ok());
+    Status wrote = Move(a, dev_a.data(), b, dev_b.data(), kLen, OpCode::kWrite);
+    ASSERT_TRUE(wrote.ok()) << "pool " << pool << ": " << wrote.ToString();
+    EXPECT_TRUE(dev_b == dev_a) << "pool " << pool;
+    Status read = Move(a, back.data(), b, dev_b.data(), kLen, OpCode::kRead);
+    ASSERT_TRUE(read.ok()) << "pool " << pool << ": " << read.ToString();
+    EXPECT_TRUE(back == dev_a) << "pool " << pool;
+    auto st = Staging(a);
+    EXPECT_EQ(st["pool_bytes"], pool);
+    EXPECT_LE(st["peak_in_use_bytes"].get<size_t>(), pool) << st.dump();
+    EXPECT_EQ(st["copy_errors"], 0u) << st.dump();
+    engines_.clear();
   }
 }
 

@@ -73,6 +73,15 @@ Status TcpTransport::Start(const TransportContext& ctx) {
   config_ = ctx.config;
   stager_ = std::make_unique<DeviceStager>(ctx.platforms ? ctx.platforms : &PlatformRegistry::Get(),
                                            tcp_.staging_pool_bytes, tcp_.slice_size, tcp_.staging_streams);
+  // An initiator stages each slice whole in its half of the pool: slices must fit it, or every device slice fails.
+  if (const size_t fitting = stager_->SliceFitting(tcp_.slice_size); fitting < tcp_.slice_size) {
+    MC_LOG(kWarning) << "tcp transport: MC_TCP_STAGING_POOL_BYTES=" << tcp_.staging_pool_bytes << " stages at most "
+                     << stager_->role_bytes() << " bytes per side, less than a slice of MC_TCP_SLICE_SIZE="
+                     << tcp_.slice_size << " (up to 1.25x with a merged tail): slices are cut to " << fitting
+                     << " bytes (host memory too); a pool of at least " << 2 * (tcp_.slice_size + tcp_.slice_size / 4)
+                     << " bytes keeps the configured slice size";
+    tcp_.slice_size = fitting;
+  }
   tcp_.connect_timeout = config_->handshake_connect_timeout;
   // Which local NICs carry data, and which addresses peers may use to reach us.
   data_ips_ = {ctx.advertised_ip};
