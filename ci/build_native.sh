@@ -18,12 +18,14 @@ cd "$root"
 bazel --output_base="/tmp/mooncake-bazel-$tag" build --symlink_prefix=/ --repo_env=PYTHON_BIN_PATH="$python" \
   //python:mooncake/_native.so //transfer_engine/platform/cuda:libmc_platform_cuda.so \
   //transfer_engine/transport/nvlink_intra:libmc_transport_nvlink_intra.so \
+  //transfer_engine/transport/nvlink:libmc_transport_nvlink.so \
   //transfer_engine/transport/file:libmc_transport_file.so  # no bazel-* links: they belong to the main build
 bin="$(bazel --output_base="/tmp/mooncake-bazel-$tag" info --repo_env=PYTHON_BIN_PATH="$python" bazel-bin)"
 install -m 0755 "$bin/python/mooncake/_native.so" "python/mooncake/_native$suffix"
 install -d python/mooncake/_plugins
 install -m 0755 "$bin/transfer_engine/platform/cuda/libmc_platform_cuda.so" \
   "$bin/transfer_engine/transport/nvlink_intra/libmc_transport_nvlink_intra.so" \
+  "$bin/transfer_engine/transport/nvlink/libmc_transport_nvlink.so" \
   "$bin/transfer_engine/transport/file/libmc_transport_file.so" python/mooncake/_plugins/
 bazel --output_base="/tmp/mooncake-bazel-$tag" shutdown  # its server is not needed any more
-echo "built python/mooncake/_native$suffix and python/mooncake/_plugins/ (cuda platform, nvlink_intra and file transports)"
+echo "built python/mooncake/_native$suffix and python/mooncake/_plugins/ (cuda platform, nvlink_intra, nvlink and file transports)"

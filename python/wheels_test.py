@@ -26,12 +26,12 @@ EP_KERNELS = "mooncake/ep/cuda/libmooncake_ep_cuda.so"
 # The distributions this project publishes (Mooncake's names), the plugins and device files each must carry. A
 # variant not built on this machine (its plugin or toolkit missing) is reported as skipped.
 NET = ["libmc_transport_efa.so", "libmc_transport_file.so", "libmc_transport_rdma.so"]  # every variant
-CUDA = ["libmc_platform_cuda.so", "libmc_transport_nvlink_intra.so"]
+CUDA = ["libmc_platform_cuda.so", "libmc_transport_nvlink.so", "libmc_transport_nvlink_intra.so"]
 SPEC = {
     "mooncake-transfer-engine-non-cuda": (NET, []),
     "mooncake-transfer-engine": (NET + CUDA, []),  # CUDA 12: no nvcc 12 here, no kernels
     "mooncake-transfer-engine-cuda13": (NET + CUDA, [EP_KERNELS]),
-    "mooncake-transfer-engine-rocm": (NET + ["libmc_platform_rocm.so"], []),
+    "mooncake-transfer-engine-rocm": (NET + ["libmc_platform_rocm.so", "libmc_transport_hip.so"], []),
     "mooncake-transfer-engine-npu": (NET + ["libmc_platform_ascend.so"], []),
     "mooncake-transfer-engine-musa": (NET + ["libmc_platform_musa.so"], []),
 }

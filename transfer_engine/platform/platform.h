@@ -50,6 +50,7 @@ enum class AllocationKind : uint8_t {
   kPinnedHost = 0,  ///< page-locked host memory the device can DMA into
   kDevice,          ///< plain device memory
   kShareable,       ///< device memory exportable to other processes (VMM with a shareable handle)
+  kFabric,          ///< device memory exportable to processes of other hosts of one NVLink domain (ExportFabric)
 };
 
 /// A dma-buf exported by Platform::ExportDmabuf: `fd` is a dma-buf file descriptor of this process whose byte
@@ -153,6 +154,28 @@ class Platform {
   /// kDeviceNotFound for an unusable platform; the vendor's error else.
   virtual StatusOr<DmabufExport> ExportDmabuf(const void* /*ptr*/, size_t /*length*/) {
     return Status(ErrorCode::kNotImplemented, name() + " platform cannot export dma-bufs");
+  }
+
+  /// A fabric handle of [ptr, ptr+length), which must lie in one AllocationKind::kFabric allocation of this
+  /// platform, that processes of other hosts of the same NVLink domain (multi-node NVLink through NVSwitches)
+  /// map with ImportFabric. Opaque text; valid while the allocation lives.
+  /// Errors: kNotImplemented "fabric handles unsupported: <reason>" where the platform, driver or device cannot
+  /// (these defaults; a device without fabric handle support, no IMEX channel); kInvalidArgument for a range
+  /// that is not in one fabric allocation; kDeviceNotFound for an unusable platform. Thread-safe.
+  virtual StatusOr<std::string> ExportFabric(void* /*ptr*/, size_t /*length*/) {
+    return Status(ErrorCode::kNotImplemented, "fabric handles unsupported: " + name() + " platform has none");
+  }
+  /// Maps the first `length` bytes of a handle ExportFabric made (in any process of the domain, this one
+  /// included); the mapping's local address, device memory of this platform, accessible to this process's
+  /// devices. The mapping keeps the memory alive after the exporter frees it. CloseFabric undoes one import.
+  /// Errors: as ExportFabric's, and kInvalidArgument for a handle that is malformed, of another platform, or
+  /// shorter than `length`; kNotFound when the exported memory is gone. Thread-safe.
+  virtual StatusOr<void*> ImportFabric(const std::string& /*handle*/, size_t /*length*/) {
+    return Status(ErrorCode::kNotImplemented, "fabric handles unsupported: " + name() + " platform has none");
+  }
+  /// Unmaps an ImportFabric mapping (`length` as imported); kInvalidArgument for anything else.
+  virtual Status CloseFabric(void* /*mapped*/, size_t /*length*/) {
+    return Status(ErrorCode::kNotImplemented, "fabric handles unsupported: " + name() + " platform has none");
   }
 
   /// The NUMA node and PCI address of device `device` (an ordinal of this platform). Fields the platform cannot

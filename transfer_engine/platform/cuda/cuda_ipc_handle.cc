@@ -39,10 +39,11 @@ std::vector<std::string_view> Split(std::string_view s) {
 
 std::string CudaIpcHandle::Encode() const {
   std::string out(kPrefix);
-  out += kind == Kind::kLegacy ? "legacy:" : "fd:";
+  out += kind == Kind::kLegacy ? "legacy:" : kind == Kind::kFabric ? "fabric:" : "fd:";
   out += std::to_string(pid) + ":" + std::to_string(device) + ":" + std::to_string(offset) + ":" +
          std::to_string(length) + ":";
-  if (kind == Kind::kLegacy) {
+  if (kind == Kind::kFabric) out += std::to_string(allocation_size) + ":";
+  if (kind != Kind::kPosixFd) {
     for (uint8_t b : legacy) {
       out += kHex[b >> 4];
       out += kHex[b & 15];
@@ -60,6 +61,9 @@ StatusOr<CudaIpcHandle> CudaIpcHandle::Decode(std::string_view text) {
   if (f[0] == "legacy") {
     h.kind = Kind::kLegacy;
     if (f.size() != 6) return Bad(text, "expected legacy:pid:device:offset:length:handle");
+  } else if (f[0] == "fabric") {
+    h.kind = Kind::kFabric;
+    if (f.size() != 7) return Bad(text, "expected fabric:pid:device:offset:length:allocation_size:handle");
   } else if (f[0] == "fd") {
     h.kind = Kind::kPosixFd;
     if (f.size() != 8) return Bad(text, "expected fd:pid:device:offset:length:fd:allocation_size:allocation_id");
@@ -71,10 +75,15 @@ StatusOr<CudaIpcHandle> CudaIpcHandle::Decode(std::string_view text) {
   if (!platform_util::ParseDecimal(f[3], UINT64_MAX, &h.offset)) return Bad(text, "bad offset");
   if (!platform_util::ParseDecimal(f[4], UINT64_MAX, &h.length) || h.length == 0) return Bad(text, "bad length");
   if (h.offset + h.length < h.offset) return Bad(text, "offset + length overflows");
-  if (h.kind == Kind::kLegacy) {
-    if (f[5].size() != 2 * h.legacy.size()) return Bad(text, "the handle must be 128 hex digits");
+  if (h.kind == Kind::kFabric &&
+      (!platform_util::ParseDecimal(f[5], UINT64_MAX, &h.allocation_size) || h.offset + h.length > h.allocation_size)) {
+    return Bad(text, "the range must lie inside allocation_size");
+  }
+  if (h.kind != Kind::kPosixFd) {
+    const std::string_view bytes = f[h.kind == Kind::kFabric ? 6 : 5];
+    if (bytes.size() != 2 * h.legacy.size()) return Bad(text, "the handle must be 128 hex digits");
     for (size_t i = 0; i < h.legacy.size(); ++i) {
-      int hi = HexValue(f[5][2 * i]), lo = HexValue(f[5][2 * i + 1]);
+      int hi = HexValue(bytes[2 * i]), lo = HexValue(bytes[2 * i + 1]);
       if (hi < 0 || lo < 0) return Bad(text, "the handle must be 128 hex digits");
       h.legacy[i] = static_cast<uint8_t>(hi << 4 | lo);
     }

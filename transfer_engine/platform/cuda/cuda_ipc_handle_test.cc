@@ -48,6 +48,27 @@ TEST(CudaIpcHandleTest, PosixFdRoundTrip) {
   EXPECT_EQ(back->Encode(), text);
 }
 
+TEST(CudaIpcHandleTest, FabricRoundTripAndRangeCheck) {
+  CudaIpcHandle h;
+  h.kind = CudaIpcHandle::Kind::kFabric;
+  h.pid = 77;
+  h.device = 1;
+  h.offset = 64;
+  h.length = 4096;
+  h.allocation_size = 2 << 20;
+  for (size_t i = 0; i < h.legacy.size(); ++i) h.legacy[i] = static_cast<uint8_t>(255 - i);
+  const std::string text = h.Encode();
+  EXPECT_EQ(text.rfind("mc-cuda-ipc:v1:fabric:77:1:64:4096:2097152:", 0), 0u) << text;
+  auto back = CudaIpcHandle::Decode(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->kind, CudaIpcHandle::Kind::kFabric);
+  EXPECT_EQ(back->allocation_size, 2u << 20);
+  EXPECT_EQ(back->legacy, h.legacy);
+  h.offset = (2 << 20) - 100;  // runs past the allocation
+  EXPECT_EQ(CudaIpcHandle::Decode(h.Encode()).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_FALSE(CudaIpcHandle::Decode(text.substr(0, text.size() - 2)).ok()) << "127 hex digits";
+}
+
 TEST(CudaIpcHandleTest, RejectsMalformed) {
   const std::string hex(128, 'a');
   for (const std::string& bad : std::initializer_list<std::string>{

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "transfer_engine/common/format.h"
+#include "transfer_engine/platform/cuda/cuda_completion.h"
 #include "transfer_engine/platform/cuda/cuda_driver.h"
 #include "transfer_engine/platform/cuda/cuda_ipc_handle.h"
 #include "transfer_engine/platform/util/remote_fd.h"
@@ -22,7 +23,9 @@
 namespace mooncake::te {
 namespace {
 
+using cuda::ContextScope;
 using cuda::CudaIpcHandle;
+using cuda::EventCompletion;
 using cuda::Driver;
 
 std::string Addr(const void* p) { return Hex(reinterpret_cast<uintptr_t>(p)); }
@@ -65,73 +68,6 @@ struct Import {
   std::string key;  // of the Mapping
   size_t length;
   int refs;
-};
-
-// For its lifetime: whatever the calling thread does to its current context is undone at the end, which
-// restores the context current at construction (none included). Every public entry point that makes a device's
-// context current holds one, so callers (torch, say) keep their own context.
-class ContextScope {
- public:
-  explicit ContextScope(const cuda::DriverApi& api) : api_(api) {
-    saved_ = api_.cuCtxGetCurrent(&previous_) == CUDA_SUCCESS;
-  }
-  ~ContextScope() {
-    if (!saved_) return;
-    CUcontext now = nullptr;
-    if (api_.cuCtxGetCurrent(&now) != CUDA_SUCCESS || now != previous_) api_.cuCtxSetCurrent(previous_);
-  }
-  ContextScope(const ContextScope&) = delete;
-  ContextScope& operator=(const ContextScope&) = delete;
-
- private:
-  const cuda::DriverApi& api_;
-  CUcontext previous_ = nullptr;
-  bool saved_ = false;
-};
-
-class EventCompletion final : public CopyCompletion {
- public:
-  EventCompletion(std::shared_ptr<const Driver> driver, CUcontext ctx, CUevent event)
-      : driver_(std::move(driver)), ctx_(ctx), event_(event) {}
-  ~EventCompletion() override {
-    ContextScope scope(driver_->api());
-    driver_->api().cuCtxSetCurrent(ctx_);
-    driver_->api().cuEventDestroy(event_);
-  }
-
-  bool Done() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return true;
-    ContextScope scope(driver_->api());
-    driver_->api().cuCtxSetCurrent(ctx_);
-    CUresult r = driver_->api().cuEventQuery(event_);
-    if (r == CUDA_ERROR_NOT_READY) return false;
-    Finish(r);
-    return true;
-  }
-
-  Status Wait() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!done_) {
-      ContextScope scope(driver_->api());
-      driver_->api().cuCtxSetCurrent(ctx_);
-      Finish(driver_->api().cuEventSynchronize(event_));
-    }
-    return status_;
-  }
-
- private:
-  void Finish(CUresult r) {
-    done_ = true;
-    status_ = driver_->Check(r, "cuda: the asynchronous copy", ErrorCode::kMemory);
-  }
-
-  std::shared_ptr<const Driver> driver_;
-  CUcontext ctx_;
-  CUevent event_;
-  std::mutex mu_;
-  bool done_ = false;
-  Status status_;
 };
 
 class CudaPlatform final : public Platform {
@@ -177,6 +113,7 @@ class CudaPlatform final : public Platform {
     MC_RETURN_IF_ERROR(EnterDevice(device));
     const auto& api = driver_->api();
     Allocation a{kind, length, device};
+    if (kind == AllocationKind::kFabric) MC_RETURN_IF_ERROR(CheckFabricSupport(device));
     void* ptr = nullptr;
     if (kind == AllocationKind::kPinnedHost) {
       MC_RETURN_IF_ERROR(Check(api.cuMemHostAlloc(&ptr, length, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
@@ -187,7 +124,9 @@ class CudaPlatform final : public Platform {
           Check(api.cuMemAlloc(&d, length), "cuMemAlloc(" + std::to_string(length) + ")", ErrorCode::kMemory));
       ptr = Ptr(d);
     } else {
-      StatusOr<void*> vmm = AllocateShareable(length, device, &a);
+      StatusOr<void*> vmm = AllocateShareable(
+          length, device, &a,
+          kind == AllocationKind::kFabric ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
       if (!vmm.ok()) return vmm.status();
       ptr = *vmm;
     }
@@ -242,13 +181,9 @@ class CudaPlatform final : public Platform {
     h.pid = getpid();
     h.length = length;
     const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
-    std::optional<Allocation> ours;
-    uintptr_t base = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto [start, a] = FindAllocation(addr);
-      if (a != nullptr) ours = *a;
-      base = start;
+    auto [base, ours] = Lookup(addr);
+    if (ours && ours->kind == AllocationKind::kFabric) {
+      return InvalidArgument("cuda: " + Addr(ptr) + " is a fabric allocation: export it with ExportFabric");
     }
     if (ours && ours->kind == AllocationKind::kPinnedHost) {
       return Status(ErrorCode::kNotImplemented, "cuda: " + Addr(ptr) + " is pinned host memory, which has no "
@@ -379,6 +314,53 @@ class CudaPlatform final : public Platform {
     if (h->pid == getpid()) {
       return InvalidArgument("cuda: the handle was exported by this process; use the memory directly");
     }
+    if (h->kind == CudaIpcHandle::Kind::kFabric) return InvalidArgument("cuda: a fabric handle: use ImportFabric");
+    return ImportDecoded(*h, length);
+  }
+
+  StatusOr<std::string> ExportFabric(void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(Init());
+    if (ptr == nullptr || length == 0) return InvalidArgument("cuda: ExportFabric needs a non-null address and length");
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+    auto [base, ours] = Lookup(addr);
+    if (!ours || ours->kind != AllocationKind::kFabric) {
+      return InvalidArgument("cuda: " + Addr(ptr) + " is not in a fabric allocation (AllocationKind::kFabric)");
+    }
+    MC_RETURN_IF_ERROR(CheckInside(addr, length, base, ours->length));
+    ContextScope scope(driver_->api());
+    MC_RETURN_IF_ERROR(EnterDevice(ours->device));
+    CUmemFabricHandle fabric{};
+    CUresult r = driver_->api().cuMemExportToShareableHandle(&fabric, ours->vmm, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    if (r != CUDA_SUCCESS) return FabricRefused(r, "cuMemExportToShareableHandle(FABRIC)");
+    CudaIpcHandle h;
+    h.kind = CudaIpcHandle::Kind::kFabric;
+    h.pid = getpid();
+    h.device = ours->device;
+    h.offset = addr - base;
+    h.length = length;
+    h.allocation_size = ours->mapped;
+    memcpy(h.legacy.data(), fabric.data, h.legacy.size());
+    return h.Encode();
+  }
+
+  StatusOr<void*> ImportFabric(const std::string& handle, size_t length) override {
+    MC_RETURN_IF_ERROR(Init());
+    StatusOr<CudaIpcHandle> h = CudaIpcHandle::Decode(handle);
+    if (!h.ok()) return h.status();
+    if (h->kind != CudaIpcHandle::Kind::kFabric) return InvalidArgument("cuda: not a fabric handle: use ImportIpc");
+    if (length == 0 || length > h->length) {
+      return InvalidArgument("cuda: cannot import " + std::to_string(length) + " bytes of a handle for " +
+                             std::to_string(h->length));
+    }
+    return ImportDecoded(*h, length);
+  }
+
+  // CloseIpc undoes fabric imports as well (one bookkeeping for both).
+  Status CloseFabric(void* mapped, size_t length) override { return CloseIpc(mapped, length); }
+
+  // The import of a checked handle (ImportIpc, ImportFabric): one mapping per exported allocation.
+  StatusOr<void*> ImportDecoded(const CudaIpcHandle& decoded, size_t length) {
+    const CudaIpcHandle* h = &decoded;
     const int device = h->device < device_count_ ? h->device : 0;
     // One mapping per exported allocation: the handle without its range.
     CudaIpcHandle whole = *h;
@@ -607,13 +589,35 @@ class CudaPlatform final : public Platform {
     return s;
   }
 
-  CUmemAllocationProp ShareableProp(int device) const {
+  CUmemAllocationProp ShareableProp(int device, CUmemAllocationHandleType type) const {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.requestedHandleTypes = type;
     return prop;
+  }
+
+  // Ok when `device` (current) reports fabric handle support; else why not ("fabric handles unsupported: ...").
+  Status CheckFabricSupport(int device) const {
+    const auto& api = driver_->api();
+    CUdevice dev = 0;
+    int supported = 0;
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGet(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")"));
+    MC_RETURN_IF_ERROR(Check(api.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev),
+                             "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)"));
+    if (supported) return Status::Ok();
+    return Status(ErrorCode::kNotImplemented, "fabric handles unsupported: device " + std::to_string(device) +
+                                                  " reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 0 "
+                                                  "(multi-node NVLink needs an NVSwitch fabric and IMEX)");
+  }
+
+  // A fabric call the driver refused: kNotImplemented "fabric handles unsupported: ..." where it says the
+  // fabric cannot (not supported / not permitted: no IMEX channel), its error otherwise.
+  Status FabricRefused(CUresult r, const std::string& what) const {
+    const bool unsupported = r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED;
+    Status st = Check(r, what, unsupported ? ErrorCode::kNotImplemented : ErrorCode::kInvalidArgument);
+    return unsupported ? Status(st.code(), "fabric handles unsupported: " + st.message()) : st;
   }
 
   Status SetAccess(CUdeviceptr va, size_t size, int device) const {
@@ -644,9 +648,9 @@ class CudaPlatform final : public Platform {
     return va;
   }
 
-  StatusOr<void*> AllocateShareable(size_t length, int device, Allocation* a) {
+  StatusOr<void*> AllocateShareable(size_t length, int device, Allocation* a, CUmemAllocationHandleType type) {
     const auto& api = driver_->api();
-    CUmemAllocationProp prop = ShareableProp(device);
+    CUmemAllocationProp prop = ShareableProp(device, type);
     size_t granularity = 0;
     MC_RETURN_IF_ERROR(Check(api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                              "cuMemGetAllocationGranularity"));
@@ -654,8 +658,10 @@ class CudaPlatform final : public Platform {
     const size_t size = platform_util::RoundUp(length, granularity);
     if (size < length) return InvalidArgument("cuda: length " + std::to_string(length) + " too large");
     CUmemGenericAllocationHandle vmm = 0;
-    MC_RETURN_IF_ERROR(Check(api.cuMemCreate(&vmm, size, &prop, 0), "cuMemCreate(" + std::to_string(size) + ")",
-                             ErrorCode::kMemory));
+    const std::string what = "cuMemCreate(" + std::to_string(size) + ")";
+    CUresult created = api.cuMemCreate(&vmm, size, &prop, 0);
+    if (created != CUDA_SUCCESS && type == CU_MEM_HANDLE_TYPE_FABRIC) return FabricRefused(created, what);
+    MC_RETURN_IF_ERROR(Check(created, what, ErrorCode::kMemory));
     StatusOr<CUdeviceptr> va = MapVmm(vmm, size, device);
     if (!va.ok()) {
       api.cuMemRelease(vmm);
@@ -691,12 +697,19 @@ class CudaPlatform final : public Platform {
       m.size = size;
       return m;
     }
-    StatusOr<int> fd = platform_util::DuplicateRemoteFd(h.pid, h.fd, "cuda");
-    if (!fd.ok()) return fd.status();
-    CUresult r = api.cuMemImportFromShareableHandle(&m.vmm, reinterpret_cast<void*>(static_cast<uintptr_t>(*fd)),
-                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    close(*fd);  // the imported handle holds the memory
-    MC_RETURN_IF_ERROR(Check(r, "cuMemImportFromShareableHandle", ErrorCode::kInvalidArgument));
+    if (h.kind == CudaIpcHandle::Kind::kFabric) {
+      CUmemFabricHandle fabric{};
+      memcpy(fabric.data, h.legacy.data(), h.legacy.size());
+      CUresult r = api.cuMemImportFromShareableHandle(&m.vmm, &fabric, CU_MEM_HANDLE_TYPE_FABRIC);
+      if (r != CUDA_SUCCESS) return FabricRefused(r, "cuMemImportFromShareableHandle(FABRIC)");
+    } else {
+      StatusOr<int> fd = platform_util::DuplicateRemoteFd(h.pid, h.fd, "cuda");
+      if (!fd.ok()) return fd.status();
+      CUresult r = api.cuMemImportFromShareableHandle(&m.vmm, reinterpret_cast<void*>(static_cast<uintptr_t>(*fd)),
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      close(*fd);  // the imported handle holds the memory
+      MC_RETURN_IF_ERROR(Check(r, "cuMemImportFromShareableHandle", ErrorCode::kInvalidArgument));
+    }
     StatusOr<CUdeviceptr> va = MapVmm(m.vmm, h.allocation_size, device);
     if (!va.ok()) {
       api.cuMemRelease(m.vmm);
@@ -715,6 +728,13 @@ class CudaPlatform final : public Platform {
     Status release = Check(api.cuMemRelease(m.vmm), "cuMemRelease");
     Status address = Check(api.cuMemAddressFree(m.base, m.size), "cuMemAddressFree");
     return !unmap.ok() ? unmap : !release.ok() ? release : address;
+  }
+
+  // A copy of the allocation containing `addr` and its start; {0, nullopt} when none.
+  std::pair<uintptr_t, std::optional<Allocation>> Lookup(uintptr_t addr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [start, a] = FindAllocation(addr);
+    return {start, a != nullptr ? std::optional<Allocation>(*a) : std::nullopt};
   }
 
   // The allocation containing `addr` and its start; {0, null} when none. Needs mu_.

@@ -742,5 +742,24 @@ TEST(CudaPlatformTest, ExportRefusesHostMemory) {
   EXPECT_TRUE(p->Free(*host, 4096, AllocationKind::kPinnedHost).ok());
 }
 
+// The fake driver's devices report CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 0 (as a GPU without an
+// NVSwitch fabric does): fabric memory is refused with the reason, and nothing else is taken for a fabric handle.
+TEST(CudaPlatformTest, FabricHandlesAreRefusedWhereTheDeviceHasNone) {
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  auto fabric = p->Allocate(4096, AllocationKind::kFabric, 0);
+  EXPECT_EQ(fabric.status().code(), ErrorCode::kNotImplemented);
+  EXPECT_EQ(fabric.status().message().rfind("fabric handles unsupported: ", 0), 0u) << fabric.status().message();
+  EXPECT_NE(fabric.status().message().find("HANDLE_TYPE_FABRIC_SUPPORTED = 0"), std::string::npos);
+  auto vmm = p->Allocate(4096, AllocationKind::kShareable, 0);
+  ASSERT_TRUE(vmm.ok());
+  EXPECT_EQ(p->ExportFabric(*vmm, 4096).status().code(), ErrorCode::kInvalidArgument) << "not fabric memory";
+  auto ipc = p->ExportIpc(*vmm, 4096);
+  ASSERT_TRUE(ipc.ok());
+  EXPECT_EQ(p->ImportFabric(*ipc, 4096).status().code(), ErrorCode::kInvalidArgument) << "an IPC handle";
+  EXPECT_EQ(p->ImportFabric("mc-cuda-ipc:v1:fabric:1:0:0:1:2", 1).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(p->Free(*vmm, 4096, AllocationKind::kShareable).ok());
+}
+
 }  // namespace
 }  // namespace mooncake::te

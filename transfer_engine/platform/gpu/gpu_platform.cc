@@ -203,6 +203,9 @@ StatusOr<void*> GpuPlatform::Allocate(size_t length, AllocationKind kind, int de
     return Status(ErrorCode::kNotImplemented, name_ + ": shareable (VMM) allocations are not implemented; "
                                                       "kDevice memory is exportable through IPC handles");
   }
+  if (kind == AllocationKind::kFabric) {
+    return Status(ErrorCode::kNotImplemented, "fabric handles unsupported: " + name_ + " platform has none");
+  }
   if (kind == AllocationKind::kPinnedHost && device < 0) device = 0;
   MC_RETURN_IF_ERROR(EnterDevice(device));
   StatusOr<void*> p = kind == AllocationKind::kDevice ? runtime_->Malloc(length) : runtime_->HostMalloc(length);

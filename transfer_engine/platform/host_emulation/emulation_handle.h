@@ -27,9 +27,31 @@ struct EmulationHandle {
   static StatusOr<EmulationHandle> Decode(std::string_view text);
 };
 
-/// The memfd name of allocation `serial` on emulated device `device`: "mc-host-emulation-cuda<device>-<serial>"
-/// (/proc shows it as "/memfd:<name> (deleted)").
-std::string MemfdName(int device, uint64_t serial);
+/// The memfd name of allocation `serial` on emulated device `device` of memory type `type` ("cuda", "rocm"):
+/// "mc-host-emulation-<type><device>-<serial>" (/proc shows it as "/memfd:<name> (deleted)").
+std::string MemfdName(const std::string& type, int device, uint64_t serial);
+
+/// Where the emulation keeps fabric allocations: named files in this directory, which every "host" of this
+/// machine (network and PID namespaces, one mount namespace) opens by name.
+inline constexpr const char kFabricDir[] = "/dev/shm";
+/// The prefix of their names; a name is the prefix plus [0-9a-z-] only.
+inline constexpr const char kFabricPrefix[] = "mc-emu-fabric-";
+
+/// What an exported host-emulation fabric handle says: the shared file (its name under kFabricDir), the memory
+/// type of the exporting platform, the exported range in the file and the device. Text form:
+///   "mc-host-emulation-fabric:v1:<type>:<name>:<offset>:<length>:<device>"
+struct EmulationFabricHandle {
+  std::string type;  ///< "cuda", "rocm"
+  std::string name;  ///< kFabricPrefix + [0-9a-z-]+ (never a path)
+  uint64_t offset = 0;
+  uint64_t length = 0;  ///< > 0
+  int device = 0;
+
+  std::string Encode() const;
+  /// kInvalidArgument for anything Encode does not produce (a name with a '/' or '.', another prefix, zero
+  /// length, offset + length overflowing).
+  static StatusOr<EmulationFabricHandle> Decode(std::string_view text);
+};
 
 }  // namespace mooncake::te::host_emulation
 

@@ -49,12 +49,14 @@ struct Region {
   int fd;               // the memfd of a device allocation (kept open for export); -1 otherwise
   int device;           // -1 for pinned host memory
   uint64_t serial;      // a device allocation's number (its memfd's name); 0 otherwise
+  bool fabric = false;      // a kFabric allocation (fd: its shared file), or an ImportFabric mapping
+  std::string fabric_path;  // a kFabric allocation's file (unlinked at Free)
 };
 
 // Whether `fd` is the memfd the handle names, with at least `size` bytes.
-Status CheckEmulationMemfd(int fd, const EmulationHandle& h, uint64_t size) {
+Status CheckEmulationMemfd(int fd, const std::string& type, const EmulationHandle& h, uint64_t size) {
   const std::string link = platform_util::FdTarget(fd);
-  const std::string expected = "/memfd:" + host_emulation::MemfdName(h.device, h.serial) + " ";
+  const std::string expected = "/memfd:" + host_emulation::MemfdName(type, h.device, h.serial) + " ";
   if (link.rfind(expected, 0) != 0) {
     return Status(ErrorCode::kNotFound, "host_emulation: fd " + std::to_string(h.fd) + " of process " +
                                             std::to_string(h.pid) + " is not the exported memory (it is " +
@@ -71,13 +73,46 @@ Status CheckEmulationMemfd(int fd, const EmulationHandle& h, uint64_t size) {
 
 constexpr int kDefaultDeviceCount = 2;
 
+// The memory type MC_PLATFORM_EMULATION_DEVICE asks for ("cuda" when unset); nullopt for another value.
+std::optional<MemoryType> RequestedType() {
+  const char* v = getenv(kPlatformEmulationDeviceEnv);
+  if (v == nullptr || std::string(v).empty() || std::string(v) == "cuda") return MemoryType::kCuda;
+  if (std::string(v) == "rocm") return MemoryType::kRocm;
+  return std::nullopt;
+}
+
+// A fresh name for a fabric allocation's file: unique on this machine (pid, serial, random bits).
+std::string FabricName(uint64_t serial) {
+  uint64_t bits = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (read(fd, &bits, sizeof(bits)) != static_cast<ssize_t>(sizeof(bits))) bits = 0;
+    close(fd);
+  }
+  bits ^= static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&bits));
+  char tail[17];
+  snprintf(tail, sizeof(tail), "%016llx", static_cast<unsigned long long>(bits));
+  return std::string(host_emulation::kFabricPrefix) + std::to_string(getpid()) + "-" + std::to_string(serial) + "-" +
+         tail;
+}
+
 class HostEmulationPlatform final : public Platform {
  public:
   /// The registered (plugin) form: enabled only when MC_PLATFORM_EMULATION=1.
-  HostEmulationPlatform() : HostEmulationPlatform(kDefaultDeviceCount, HostEmulationRequestedByEnv()) {}
-  HostEmulationPlatform(int device_count, bool enabled, std::vector<DeviceLocality> locality = {})
+  HostEmulationPlatform()
+      : HostEmulationPlatform(kDefaultDeviceCount, HostEmulationRequestedByEnv() && RequestedType().has_value(),
+                              {}, RequestedType().value_or(MemoryType::kCuda)) {
+    if (HostEmulationRequestedByEnv() && !RequestedType()) {
+      disabled_why_ = std::string("host_emulation is off: ") + kPlatformEmulationDeviceEnv + "=" +
+                      getenv(kPlatformEmulationDeviceEnv) + " is neither cuda nor rocm";
+    }
+  }
+  HostEmulationPlatform(int device_count, bool enabled, std::vector<DeviceLocality> locality = {},
+                        MemoryType type = MemoryType::kCuda)
       : device_count_(device_count < 1 ? 1 : device_count),
         enabled_(enabled),
+        type_(type),
+        type_name_(MemoryTypeName(type)),
         locality_(std::move(locality)),
         worker_(std::make_unique<CopyWorker>()) {
     locality_.resize(static_cast<size_t>(device_count_));
@@ -93,18 +128,18 @@ class HostEmulationPlatform final : public Platform {
   }
 
   std::string name() const override { return "host_emulation"; }
-  MemoryType device_type() const override { return MemoryType::kCuda; }
+  MemoryType device_type() const override { return type_; }
 
   PlatformProbe Probe() override {
     PlatformProbe p;
     if (!enabled_) {
-      p.reason = kDisabled;
+      p.reason = disabled_why_.empty() ? kDisabled : disabled_why_;
       return p;
     }
     p.usable = true;
     p.device_count = device_count_;
-    p.reason = "host EMULATION of " + std::to_string(device_count_) +
-               " CUDA device(s) on memfd-backed host memory (for tests; not a GPU)";
+    p.reason = "host EMULATION of " + std::to_string(device_count_) + " " + type_name_ +
+               " device(s) on memfd-backed host memory (for tests; not a GPU)";
     return p;
   }
 
@@ -114,7 +149,7 @@ class HostEmulationPlatform final : public Platform {
     const Region* r = Find(reinterpret_cast<uintptr_t>(ptr));
     if (r == nullptr) return std::nullopt;
     if (r->origin == Region::Origin::kPinned) return MemoryKind{MemoryType::kHost, -1};
-    return MemoryKind{MemoryType::kCuda, r->device};
+    return MemoryKind{type_, r->device};
   }
 
   StatusOr<void*> Allocate(size_t length, AllocationKind kind, int device) override {
@@ -133,23 +168,34 @@ class HostEmulationPlatform final : public Platform {
     MC_RETURN_IF_ERROR(CheckDevice(device, false));
     static std::atomic<uint64_t> next_serial{1};  // process-wide: a memfd name is never reused in this process
     const uint64_t serial = next_serial.fetch_add(1);
-    const std::string name = host_emulation::MemfdName(device, serial);
-    int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
-    if (fd < 0) return Errno(ErrorCode::kMemory, "memfd_create");
+    std::string fabric_path;
+    int fd = -1;
+    if (kind == AllocationKind::kFabric) {
+      fabric_path = std::string(host_emulation::kFabricDir) + "/" + FabricName(serial);
+      fd = open(fabric_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd < 0) return Errno(ErrorCode::kMemory, "creating the fabric file " + fabric_path);
+    } else {
+      fd = memfd_create(host_emulation::MemfdName(type_name_, device, serial).c_str(), MFD_CLOEXEC);
+      if (fd < 0) return Errno(ErrorCode::kMemory, "memfd_create");
+    }
+    auto undo = [&] {
+      close(fd);
+      if (!fabric_path.empty()) unlink(fabric_path.c_str());
+    };
     if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
       Status st = Errno(ErrorCode::kMemory, "ftruncate of the memfd to " + std::to_string(mapped) + " bytes");
-      close(fd);
+      undo();
       return st;
     }
     void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       Status st = Errno(ErrorCode::kMemory, "mmap of " + std::to_string(mapped) + " bytes");
-      close(fd);
+      undo();
       return st;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    regions_[reinterpret_cast<uintptr_t>(p)] =
-        Region{Region::Origin::kDevice, kind, length, p, mapped, fd, device, serial};
+    regions_[reinterpret_cast<uintptr_t>(p)] = Region{
+        Region::Origin::kDevice, kind, length, p, mapped, fd, device, serial, !fabric_path.empty(), fabric_path};
     return p;
   }
 
@@ -169,6 +215,7 @@ class HostEmulationPlatform final : public Platform {
     }
     munmap(r.map_base, r.map_length);
     if (r.fd >= 0) close(r.fd);
+    if (!r.fabric_path.empty()) unlink(r.fabric_path.c_str());  // no new import; existing mappings keep it
     regions_.erase(it);
     return Status::Ok();
   }
@@ -194,12 +241,21 @@ class HostEmulationPlatform final : public Platform {
     return r;
   }
 
+  // mu_ held: the device allocation [ptr, ptr+length) lies in, when it is (`fabric`) a kFabric allocation or
+  // (!`fabric`) another device allocation; why not otherwise.
+  StatusOr<const Region*> ExportableLocked(void* ptr, size_t length, bool fabric) const {
+    if (length == 0) return InvalidArgument("host_emulation: cannot export 0 bytes");
+    StatusOr<const Region*> found = DeviceRangeLocked(reinterpret_cast<uintptr_t>(ptr), length);
+    if (!found.ok() || (*found)->fabric == fabric) return found;
+    return InvalidArgument("host_emulation: " + Addr(ptr) + (fabric ? " is not in a fabric allocation (kFabric)"
+                                                                    : " is a fabric allocation: use ExportFabric"));
+  }
+
   StatusOr<std::string> ExportIpc(void* ptr, size_t length) override {
     MC_RETURN_IF_ERROR(CheckEnabled());
-    if (length == 0) return InvalidArgument("host_emulation: cannot export 0 bytes");
     std::lock_guard<std::mutex> lock(mu_);
     const auto addr = reinterpret_cast<uintptr_t>(ptr);
-    StatusOr<const Region*> found = DeviceRangeLocked(addr, length);
+    StatusOr<const Region*> found = ExportableLocked(ptr, length, false);
     if (!found.ok()) return found.status();
     const Region* r = *found;
     EmulationHandle h;
@@ -248,33 +304,87 @@ class HostEmulationPlatform final : public Platform {
     }
     StatusOr<int> fd = platform_util::DuplicateRemoteFd(h->pid, h->fd, "host_emulation");
     if (!fd.ok()) return fd.status();
-    Status checked = CheckEmulationMemfd(*fd, *h, h->offset + length);
+    Status checked = CheckEmulationMemfd(*fd, type_name_, *h, h->offset + length);
     if (!checked.ok()) {
       close(*fd);
       return checked;
     }
-    const uint64_t start = h->offset / PageSize() * PageSize();
-    const size_t delta = static_cast<size_t>(h->offset - start);
-    const size_t map_length = RoundUpToPage(delta + length);
-    void* base = mmap(nullptr, map_length, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, static_cast<off_t>(start));
-    const int err = errno;
+    StatusOr<void*> local = MapImported(*fd, h->offset, length, h->device, false);
     close(*fd);  // the mapping keeps the memory
-    if (base == MAP_FAILED) {
-      errno = err;
-      return Errno(ErrorCode::kMemory, "mmap of the imported range");
-    }
-    void* local = static_cast<char*>(base) + delta;
-    std::lock_guard<std::mutex> lock(mu_);
-    regions_[reinterpret_cast<uintptr_t>(local)] =
-        Region{Region::Origin::kImported, AllocationKind::kDevice, length, base, map_length, -1, h->device, 0};
     return local;
   }
 
-  Status CloseIpc(void* mapped, size_t length) override {
+  // Maps [offset, offset+length) of `fd` as an import of `device`; the local address.
+  StatusOr<void*> MapImported(int fd, uint64_t offset, size_t length, int device, bool fabric) {
+    const uint64_t start = offset / PageSize() * PageSize();
+    const size_t delta = static_cast<size_t>(offset - start);
+    const size_t map_length = RoundUpToPage(delta + length);
+    void* base = mmap(nullptr, map_length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+    if (base == MAP_FAILED) return Errno(ErrorCode::kMemory, "mmap of the imported range");
+    void* local = static_cast<char*>(base) + delta;
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[reinterpret_cast<uintptr_t>(local)] =
+        Region{Region::Origin::kImported, AllocationKind::kDevice, length, base, map_length, -1, device, 0, fabric};
+    return local;
+  }
+
+  StatusOr<std::string> ExportFabric(void* ptr, size_t length) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    std::lock_guard<std::mutex> lock(mu_);
+    StatusOr<const Region*> found = ExportableLocked(ptr, length, true);
+    if (!found.ok()) return found.status();
+    const Region* r = *found;
+    host_emulation::EmulationFabricHandle h;
+    h.type = type_name_;
+    h.name = r->fabric_path.substr(r->fabric_path.rfind('/') + 1);
+    h.offset = OffsetIn(*r, reinterpret_cast<uintptr_t>(ptr));
+    h.length = length;
+    h.device = r->device;
+    return h.Encode();
+  }
+
+  StatusOr<void*> ImportFabric(const std::string& handle, size_t length) override {
+    MC_RETURN_IF_ERROR(CheckEnabled());
+    StatusOr<host_emulation::EmulationFabricHandle> h = host_emulation::EmulationFabricHandle::Decode(handle);
+    if (!h.ok()) return h.status();
+    if (h->type != type_name_) {
+      return InvalidArgument("host_emulation: a fabric handle of " + h->type + " memory; this platform emulates " +
+                             type_name_);
+    }
+    if (length == 0 || length > h->length) {
+      return InvalidArgument("host_emulation: cannot import " + std::to_string(length) + " bytes of a handle for " +
+                             std::to_string(h->length));
+    }
+    const std::string path = std::string(host_emulation::kFabricDir) + "/" + h->name;
+    int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      return Status(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInvalidArgument,
+                    "host_emulation: opening the fabric file " + path + ": " + strerror(errno) +
+                        (errno == ENOENT ? " (the exporter freed it)" : ""));
+    }
+    struct stat st;
+    Status checked = Status::Ok();
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      checked = InvalidArgument("host_emulation: " + path + " is not a fabric file");
+    } else if (static_cast<uint64_t>(st.st_size) < h->offset + length) {
+      checked = InvalidArgument("host_emulation: the handle's range ends at byte " + std::to_string(h->offset + length) +
+                                " but " + path + " has " + std::to_string(st.st_size));
+    }
+    StatusOr<void*> local = checked.ok() ? MapImported(fd, h->offset, length, h->device, true) : checked;
+    close(fd);  // the mapping keeps the memory
+    return local;
+  }
+
+  Status CloseFabric(void* mapped, size_t length) override { return CloseImport(mapped, length, true); }
+
+  Status CloseIpc(void* mapped, size_t length) override { return CloseImport(mapped, length, false); }
+
+  Status CloseImport(void* mapped, size_t length, bool fabric) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(reinterpret_cast<uintptr_t>(mapped));
-    if (it == regions_.end() || it->second.origin != Region::Origin::kImported) {
-      return InvalidArgument("host_emulation: " + Addr(mapped) + " is not an address ImportIpc returned");
+    if (it == regions_.end() || it->second.origin != Region::Origin::kImported || it->second.fabric != fabric) {
+      return InvalidArgument("host_emulation: " + Addr(mapped) + " is not an address " +
+                             (fabric ? "ImportFabric" : "ImportIpc") + " returned");
     }
     if (it->second.length != length) {
       return InvalidArgument("host_emulation: CloseIpc of " + Addr(mapped) + " with " + std::to_string(length) +
@@ -366,6 +476,9 @@ class HostEmulationPlatform final : public Platform {
 
   const int device_count_;
   const bool enabled_;
+  const MemoryType type_;          // kCuda or kRocm
+  const std::string type_name_;    // "cuda", "rocm"
+  std::string disabled_why_;       // set at construction: a bad MC_PLATFORM_EMULATION_DEVICE
   std::vector<DeviceLocality> locality_;  // per device (device_count_ entries); immutable after construction
   std::mutex mu_;
   std::map<uintptr_t, Region> regions_;  // user-visible address -> region
@@ -396,6 +509,11 @@ std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count) {
 
 std::shared_ptr<Platform> MakeHostEmulationPlatform(int device_count, std::vector<DeviceLocality> locality) {
   return std::make_shared<HostEmulationPlatform>(device_count, true, std::move(locality));
+}
+
+std::shared_ptr<Platform> MakeHostEmulationPlatformOf(MemoryType type, int device_count) {
+  if (type != MemoryType::kCuda && type != MemoryType::kRocm) return nullptr;
+  return std::make_shared<HostEmulationPlatform>(device_count, true, std::vector<DeviceLocality>{}, type);
 }
 
 }  // namespace mooncake::te

@@ -1,7 +1,7 @@
 // nvlink_intra on the host emulation platform (MC_PLATFORM_EMULATION=1: memfd "cuda" memory, not a GPU): its
 // registration hook (handle in Mooncake's shm_name field, host memory declined), reachability, device-to-device
 // writes and reads between two engines with the peer buffer mapped once and dropped on refresh, the managed
-// allocator, the inert form without a CUDA platform, and the shm_name codec against untrusted text.
+// allocator and the inert form without a CUDA platform.
 #include "transfer_engine/transport/nvlink_intra/nvlink_intra_transport.h"
 
 #include <sys/mman.h>
@@ -16,41 +16,22 @@
 #include <vector>
 
 #include "transfer_engine/api/engine.h"
-#include "transfer_engine/transport/nvlink_intra/ipc_cache.h"
-#include "transfer_engine/transport/nvlink_intra/ipc_handle_hex.h"
+#include "transfer_engine/transport/device_ipc/handle_hex.h"
+#include "transfer_engine/transport/device_ipc/ipc_cache.h"
+#include "transfer_engine/transport/device_ipc/testing/engine_pair.h"
 
 namespace mooncake::te::nvlink_intra {
 namespace {
 
-constexpr auto kTimeout = std::chrono::seconds(20);
+using device_ipc::HandleFromHex;
+using device_ipc::HandleToHex;
+using device_ipc::IpcCache;
+using device_ipc::kEpochTableBytes;
+
+using device_ipc::testing::kTimeout;
+using device_ipc::testing::LocalContext;
 
 std::shared_ptr<Platform> Cuda() { return PlatformRegistry::Get().ForType(MemoryType::kCuda); }
-
-TEST(HandleHexTest, RoundTripsAndRefusesMalformedText) {
-  std::string bytes("\x00\x01\xab\xff", 4);
-  EXPECT_EQ(HandleToHex(bytes), "0001ABFF");
-  auto back = HandleFromHex("0001abFF");
-  ASSERT_TRUE(back.ok());
-  EXPECT_EQ(*back, bytes);
-  for (const char* bad : {"", "0", "0G", "zz", "abc"}) {
-    EXPECT_EQ(HandleFromHex(bad).status().code(), ErrorCode::kMalformedJson) << bad;
-  }
-  EXPECT_EQ(HandleFromHex(std::string(2 * kMaxHandleBytes + 2, 'A')).status().code(), ErrorCode::kMalformedJson);
-  EXPECT_TRUE(HandleFromHex(std::string(2 * kMaxHandleBytes, 'A')).ok());
-}
-
-// A transport context on "this-host" over `platforms`; pinned in place (ctx.config points into it).
-struct LocalContext {
-  explicit LocalContext(PlatformRegistry* platforms) {
-    ctx.config = &config;
-    ctx.platforms = platforms;
-    ctx.host_id = "this-host";
-  }
-  LocalContext(const LocalContext&) = delete;
-  LocalContext& operator=(const LocalContext&) = delete;
-  EngineConfig config;
-  TransportContext ctx;
-};
 
 TEST(NvlinkIntraTransportTest, ExportsCudaRegionsAndDeclinesHostMemory) {
   auto cuda = Cuda();
@@ -181,79 +162,12 @@ TEST(NvlinkIntraTransportTest, WithoutACudaPlatformItIsInert) {
 }
 
 // Two engines of this process, both with nvlink_intra (and their default transports).
-class NvlinkIntraEngineTest : public ::testing::Test {
+class NvlinkIntraEngineTest : public device_ipc::testing::EnginePairTest {
  protected:
-  void SetUp() override {
-    cuda_ = Cuda();
-    ASSERT_NE(cuda_, nullptr);
-    EngineOptions o;
-    o.local_server_name = "127.0.0.1";
-    o.metadata_conn = "P2PHANDSHAKE";
-    o.protocol = "tcp";
-    auto a = TransferEngine::Create(o);
-    auto b = TransferEngine::Create(o);
-    ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
-    a_ = std::move(*a);
-    b_ = std::move(*b);
-    for (void** p : {&local_, &remote_}) {
-      auto m = cuda_->Allocate(kLen, AllocationKind::kDevice, 0);
-      ASSERT_TRUE(m.ok());
-      *p = *m;
-    }
-    ASSERT_TRUE(a_->RegisterMemory(local_, kLen).ok());
-    ASSERT_TRUE(b_->RegisterMemory(remote_, kLen).ok());
-    auto h = a_->OpenSegment(b_->segment_name());
-    ASSERT_TRUE(h.ok());
-    peer_ = *h;
-  }
-  void TearDown() override {
-    a_.reset();
-    b_.reset();
-    for (void* p : {local_, remote_}) {
-      if (p) {
-        EXPECT_TRUE(cuda_->Free(p, kLen, AllocationKind::kDevice).ok());
-      }
-    }
-  }
-
-  Status Move(OpCode op, size_t local_off, size_t remote_off, size_t len) {
-    TransferRequest r{op, static_cast<char*>(local_) + local_off, peer_,
-                      reinterpret_cast<uint64_t>(remote_) + remote_off, len};
-    return a_->TransferSync({r}, kTimeout);
-  }
-  nlohmann::json Carried() {
-    auto j = nlohmann::json::parse(a_->StatsJson());
-    return j["nvlink_intra"][b_->segment_name()];
-  }
-
-  static constexpr size_t kLen = 8 << 20;
-  std::shared_ptr<Platform> cuda_;
-  std::unique_ptr<TransferEngine> a_, b_;
-  void* local_ = nullptr;
-  void* remote_ = nullptr;
-  SegmentHandle peer_{};
+  NvlinkIntraEngineTest() : EnginePairTest({"nvlink_intra", MemoryType::kCuda, AllocationKind::kDevice}) {}
 };
 
-TEST_F(NvlinkIntraEngineTest, MovesDeviceMemoryThroughOneCachedMapping) {
-  auto* src = static_cast<unsigned char*>(local_);
-  auto* dst = static_cast<unsigned char*>(remote_);
-  for (size_t i = 0; i < kLen; ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
-  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, kLen).ok());
-  EXPECT_EQ(0, memcmp(src, dst, kLen));
-  ASSERT_TRUE(Move(OpCode::kWrite, 3, 4099, 1000001).ok());  // odd offsets and length
-  EXPECT_EQ(0, memcmp(src + 3, dst + 4099, 1000001));
-  for (size_t i = 0; i < kLen; ++i) dst[i] = static_cast<unsigned char>(i * 13 + 1);
-  ASSERT_TRUE(Move(OpCode::kRead, 0, 0, kLen).ok());
-  EXPECT_EQ(0, memcmp(src, dst, kLen));
-  nlohmann::json c = Carried();
-  EXPECT_GE(c["bytes"].get<uint64_t>(), 2 * kLen + 1000001) << c.dump();
-  EXPECT_EQ(c["imports"], 1u) << "the peer buffer is mapped once: " << c.dump();
-  EXPECT_EQ(c["mapped"], 1u);
-  auto stats = nlohmann::json::parse(a_->StatsJson());
-  uint64_t tcp = 0;
-  for (const auto& [path, k] : stats["tcp"].items()) tcp += k.value("bytes", uint64_t{0});
-  EXPECT_EQ(tcp, 0u) << "device memory of this host went over tcp";
-}
+TEST_F(NvlinkIntraEngineTest, MovesDeviceMemoryThroughOneCachedMapping) { CheckMovesThroughOneMapping(); }
 
 TEST_F(NvlinkIntraEngineTest, ARefreshedPeerIsMappedAgain) {
   ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
@@ -264,30 +178,11 @@ TEST_F(NvlinkIntraEngineTest, ARefreshedPeerIsMappedAgain) {
   EXPECT_EQ(Carried()["mapped"], 1u);
 }
 
-TEST_F(NvlinkIntraEngineTest, MemoryTheTargetUnregisteredIsNeverWritten) {
-  constexpr size_t kExtra = 1 << 20;
-  auto extra = cuda_->Allocate(kExtra, AllocationKind::kDevice, 0);
-  ASSERT_TRUE(extra.ok());
-  ASSERT_TRUE(b_->RegisterMemory(*extra, kExtra).ok());
-  a_->InvalidateSegment(b_->segment_name());  // a's next transfer fetches b's descriptor with `extra` in it
-  memset(local_, 'w', 4096);
-  TransferRequest r{OpCode::kWrite, local_, peer_, reinterpret_cast<uint64_t>(*extra), 4096};
-  ASSERT_TRUE(a_->TransferSync({r}, kTimeout).ok());
-  EXPECT_EQ(static_cast<char*>(*extra)[4095], 'w');
-  ASSERT_TRUE(b_->UnregisterMemory(*extra).ok());  // a's cached descriptor still lists it; its mapping is cached
-  memset(*extra, 0, 4096);
-  memset(local_, 'z', 4096);
-  Status st = a_->TransferSync({r}, kTimeout);
-  EXPECT_EQ(st.code(), ErrorCode::kAddressNotRegistered) << st.ToString();
-  EXPECT_EQ(static_cast<char*>(*extra)[0], 0) << "a write landed in memory the target had unregistered";
-  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());  // the rest of b is still reachable
-  EXPECT_EQ(static_cast<char*>(remote_)[0], 'z');
-  EXPECT_TRUE(cuda_->Free(*extra, kExtra, AllocationKind::kDevice).ok());
-}
+TEST_F(NvlinkIntraEngineTest, MemoryTheTargetUnregisteredIsNeverWritten) { CheckUnregisteredIsNeverWritten(); }
 
 TEST_F(NvlinkIntraEngineTest, UnregisteringOneBufferLeavesThePeersOtherBuffersValid) {
   constexpr size_t kExtra = 1 << 20;
-  auto extra = cuda_->Allocate(kExtra, AllocationKind::kDevice, 0);
+  auto extra = dev_->Allocate(kExtra, AllocationKind::kDevice, 0);
   ASSERT_TRUE(extra.ok());
   ASSERT_TRUE(b_->RegisterMemory(*extra, kExtra).ok());
   a_->InvalidateSegment(b_->segment_name());  // a's next transfer fetches b's descriptor with both buffers
@@ -313,16 +208,13 @@ TEST_F(NvlinkIntraEngineTest, UnregisteringOneBufferLeavesThePeersOtherBuffersVa
   memset(local_, 'z', 4096);
   ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
   EXPECT_EQ(static_cast<char*>(remote_)[0], 'z');
-  EXPECT_TRUE(cuda_->Free(*extra, kExtra, AllocationKind::kDevice).ok());
+  EXPECT_TRUE(dev_->Free(*extra, kExtra, AllocationKind::kDevice).ok());
 }
 
 TEST(NvlinkIntraCacheTest, MapsMoreBuffersThanTheBoundLeastRecentlyUsedFirst) {
   auto cuda = Cuda();
   ASSERT_NE(cuda, nullptr);
-  EngineOptions o;
-  o.local_server_name = "127.0.0.1";
-  o.metadata_conn = "P2PHANDSHAKE";
-  o.protocol = "tcp";
+  EngineOptions o = device_ipc::testing::LocalEngineOptions("tcp");
   o.transport_options = {{"nvlink_intra.max_mappings", "2"}};
   auto a = TransferEngine::Create(o);
   auto b = TransferEngine::Create(o);
@@ -361,7 +253,7 @@ TEST(NvlinkIntraCacheTest, MapsMoreBuffersThanTheBoundLeastRecentlyUsedFirst) {
 TEST(NvlinkIntraCacheTest, AMappingACopyHoldsIsNeverEvicted) {
   auto cuda = Cuda();
   ASSERT_NE(cuda, nullptr);
-  IpcCache cache(cuda, 2);
+  IpcCache cache(device_ipc::IpcMappingOps(cuda, "nvlink_intra"), 2);
   constexpr size_t kLen = 1 << 16;
   SegmentDescriptor desc;
   desc.name = "peer";

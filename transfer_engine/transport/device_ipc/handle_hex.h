@@ -1,5 +1,5 @@
-#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_IPC_HANDLE_HEX_H_
-#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_IPC_HANDLE_HEX_H_
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_DEVICE_IPC_HANDLE_HEX_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_DEVICE_IPC_HANDLE_HEX_H_
 
 #include <cstddef>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "transfer_engine/api/status.h"
 
-namespace mooncake::te::nvlink_intra {
+namespace mooncake::te::device_ipc {
 
 /// The largest handle a peer's descriptor may carry (decoded bytes); a legacy CUDA IPC handle is 64 bytes.
 inline constexpr size_t kMaxHandleBytes = 4096;
@@ -18,6 +18,6 @@ std::string HandleToHex(std::string_view handle);
 /// more than kMaxHandleBytes bytes: the field comes from another engine's descriptor.
 StatusOr<std::string> HandleFromHex(std::string_view hex);
 
-}  // namespace mooncake::te::nvlink_intra
+}  // namespace mooncake::te::device_ipc
 
-#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_IPC_HANDLE_HEX_H_
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_DEVICE_IPC_HANDLE_HEX_H_

@@ -1,6 +1,6 @@
-#include "transfer_engine/transport/nvlink_intra/ipc_handle_hex.h"
+#include "transfer_engine/transport/device_ipc/handle_hex.h"
 
-namespace mooncake::te::nvlink_intra {
+namespace mooncake::te::device_ipc {
 namespace {
 
 int Digit(char c) {
@@ -25,7 +25,7 @@ std::string HandleToHex(std::string_view handle) {
 
 StatusOr<std::string> HandleFromHex(std::string_view hex) {
   if (hex.empty() || hex.size() % 2 != 0 || hex.size() / 2 > kMaxHandleBytes) {
-    return Status(ErrorCode::kMalformedJson, "nvlink_intra: shm_name must be 2 to " +
+    return Status(ErrorCode::kMalformedJson, "shm_name must be 2 to " +
                                                  std::to_string(2 * kMaxHandleBytes) +
                                                  " hex digits, an even count (got " + std::to_string(hex.size()) + ")");
   }
@@ -34,11 +34,11 @@ StatusOr<std::string> HandleFromHex(std::string_view hex) {
     int hi = Digit(hex[2 * i]), lo = Digit(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
       return Status(ErrorCode::kMalformedJson,
-                    "nvlink_intra: shm_name has a non-hex character at " + std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
+                    "shm_name has a non-hex character at " + std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
     }
     out[i] = static_cast<char>(hi << 4 | lo);
   }
   return out;
 }
 
-}  // namespace mooncake::te::nvlink_intra
+}  // namespace mooncake::te::device_ipc

@@ -1,7 +1,8 @@
-#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_IPC_CACHE_H_
-#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_IPC_CACHE_H_
+#ifndef MOONCAKE_TRANSFER_ENGINE_TRANSPORT_DEVICE_IPC_IPC_CACHE_H_
+#define MOONCAKE_TRANSFER_ENGINE_TRANSPORT_DEVICE_IPC_IPC_CACHE_H_
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,14 +12,26 @@
 #include "transfer_engine/core/segment_descriptor.h"
 #include "transfer_engine/platform/platform.h"
 
-namespace mooncake::te::nvlink_intra {
+namespace mooncake::te::device_ipc {
 
-/// One peer buffer mapped into this process with Platform::ImportIpc; unmapped (CloseIpc) when the last holder
+/// How a device-IPC transport maps a peer's handle: `import` maps `handle` exported by process `owner_pid`
+/// (Platform::ImportIpc, or ImportFabric, which needs no pid), `close` undoes one import (CloseIpc /
+/// CloseFabric). `what` names the transport in messages ("nvlink_intra"). Both must be thread-safe.
+struct MappingOps {
+  std::string what;
+  std::function<StatusOr<void*>(const std::string& handle, int owner_pid, size_t length)> import;
+  std::function<Status(void* mapped, size_t length)> close;
+};
+
+/// The platform's IPC handles (ExportIpc / ImportIpc / CloseIpc): same-host peers.
+MappingOps IpcMappingOps(std::shared_ptr<Platform> platform, std::string what);
+
+/// One peer buffer mapped into this process with MappingOps::import; unmapped (close) when the last holder
 /// lets go, so a copy in flight keeps its mapping even after the cache forgot it.
 class PeerMapping {
  public:
-  PeerMapping(std::shared_ptr<Platform> platform, char* base, size_t length)
-      : platform_(std::move(platform)), base_(base), length_(length) {}
+  PeerMapping(std::shared_ptr<const MappingOps> ops, char* base, size_t length)
+      : ops_(std::move(ops)), base_(base), length_(length) {}
   ~PeerMapping();
   PeerMapping(const PeerMapping&) = delete;
   PeerMapping& operator=(const PeerMapping&) = delete;
@@ -27,7 +40,7 @@ class PeerMapping {
   size_t length() const { return length_; }
 
  private:
-  std::shared_ptr<Platform> platform_;
+  std::shared_ptr<const MappingOps> ops_;
   char* base_;
   size_t length_;
 };
@@ -40,8 +53,8 @@ class PeerMapping {
 /// use the cache may hold more than `max_entries` until those copies finish. Thread-safe.
 class IpcCache {
  public:
-  IpcCache(std::shared_ptr<Platform> platform, size_t max_entries)
-      : platform_(std::move(platform)), max_entries_(max_entries < 1 ? 1 : max_entries) {}
+  IpcCache(MappingOps ops, size_t max_entries)
+      : ops_(std::make_shared<const MappingOps>(std::move(ops))), max_entries_(max_entries < 1 ? 1 : max_entries) {}
 
   /// The mapping of `buffer` (with its `shm_name` handle) of the peer `desc` (its `pid` owns the handle),
   /// importing it the first time. The descriptor is untrusted: a missing or malformed field is an error
@@ -69,7 +82,7 @@ class IpcCache {
   /// Drops the least recently used entry no copy holds; false when every entry is held. mu_ held.
   bool EvictOneLocked();
 
-  std::shared_ptr<Platform> platform_;
+  std::shared_ptr<const MappingOps> ops_;
   const size_t max_entries_;
   mutable std::mutex mu_;
   uint64_t use_clock_ = 0;
@@ -78,6 +91,6 @@ class IpcCache {
   std::map<std::string, uint64_t> imports_;  // by segment
 };
 
-}  // namespace mooncake::te::nvlink_intra
+}  // namespace mooncake::te::device_ipc
 
-#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_NVLINK_INTRA_IPC_CACHE_H_
+#endif  // MOONCAKE_TRANSFER_ENGINE_TRANSPORT_DEVICE_IPC_IPC_CACHE_H_

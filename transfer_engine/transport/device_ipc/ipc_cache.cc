@@ -1,14 +1,24 @@
-#include "transfer_engine/transport/nvlink_intra/ipc_cache.h"
+#include "transfer_engine/transport/device_ipc/ipc_cache.h"
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/common/log.h"
-#include "transfer_engine/transport/nvlink_intra/ipc_handle_hex.h"
+#include "transfer_engine/transport/device_ipc/handle_hex.h"
 
-namespace mooncake::te::nvlink_intra {
+namespace mooncake::te::device_ipc {
+
+MappingOps IpcMappingOps(std::shared_ptr<Platform> platform, std::string what) {
+  MappingOps ops;
+  ops.what = std::move(what);
+  ops.import = [platform](const std::string& handle, int pid, size_t length) {
+    return platform->ImportIpc(handle, pid, length);
+  };
+  ops.close = [platform](void* mapped, size_t length) { return platform->CloseIpc(mapped, length); };
+  return ops;
+}
 
 PeerMapping::~PeerMapping() {
-  Status st = platform_->CloseIpc(base_, length_);
-  if (!st.ok()) MC_LOG(kWarning) << "nvlink_intra: unmapping a peer buffer failed: " << st.message();
+  Status st = ops_->close(base_, length_);
+  if (!st.ok()) MC_LOG(kWarning) << ops_->what << ": unmapping a peer buffer failed: " << st.message();
 }
 
 StatusOr<std::shared_ptr<PeerMapping>> IpcCache::Get(const SegmentDescriptor& desc, const BufferDescriptor& buffer) {
@@ -16,10 +26,10 @@ StatusOr<std::shared_ptr<PeerMapping>> IpcCache::Get(const SegmentDescriptor& de
   const std::optional<int64_t> pid = JsonInt(desc.json, "pid");
   const std::optional<std::string> hex = JsonString(buffer.json, "shm_name");
   if (!pid || *pid <= 0 || *pid > INT32_MAX) {
-    return Status(ErrorCode::kMalformedJson, "nvlink_intra: segment '" + desc.name + "' publishes no valid pid");
+    return Status(ErrorCode::kMalformedJson, ops_->what + ": segment '" + desc.name + "' publishes no valid pid");
   }
   if (!hex) {
-    return Status(ErrorCode::kMalformedJson, "nvlink_intra: buffer " + Range(buffer.addr, buffer.length) +
+    return Status(ErrorCode::kMalformedJson, ops_->what + ": buffer " + Range(buffer.addr, buffer.length) +
                                                  " of segment '" + desc.name + "' has no IPC handle (shm_name)");
   }
   auto handle = HandleFromHex(*hex);
@@ -36,12 +46,12 @@ StatusOr<std::shared_ptr<PeerMapping>> IpcCache::Get(const SegmentDescriptor& de
   }
   while (entries_.size() >= max_entries_ && EvictOneLocked()) {
   }
-  auto mapped = platform_->ImportIpc(*handle, static_cast<int>(*pid), buffer.length);
+  auto mapped = ops_->import(*handle, static_cast<int>(*pid), buffer.length);
   if (!mapped.ok()) {
-    return Status(mapped.status().code(), "nvlink_intra: mapping buffer " + Range(buffer.addr, buffer.length) +
+    return Status(mapped.status().code(), ops_->what + ": mapping buffer " + Range(buffer.addr, buffer.length) +
                                               " of segment '" + desc.name + "': " + mapped.status().message());
   }
-  auto mapping = std::make_shared<PeerMapping>(platform_, static_cast<char*>(*mapped), buffer.length);
+  auto mapping = std::make_shared<PeerMapping>(ops_, static_cast<char*>(*mapped), buffer.length);
   entries_[key] = Entry{desc.name, std::move(handle.value()), buffer.length, mapping, ++use_clock_};
   ++imports_[desc.name];
   return mapping;
@@ -103,4 +113,4 @@ std::map<std::string, std::pair<size_t, uint64_t>> IpcCache::CountBySegment() co
   return out;
 }
 
-}  // namespace mooncake::te::nvlink_intra
+}  // namespace mooncake::te::device_ipc

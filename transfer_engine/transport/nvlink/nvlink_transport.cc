@@ -1,0 +1,177 @@
+#include "transfer_engine/transport/nvlink/nvlink_transport.h"
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/plugin/plugin.h"
+#include "transfer_engine/transport/device_ipc/handle_hex.h"
+#include "transfer_engine/transport/device_ipc/probe.h"
+
+namespace mooncake::te::nvlink {
+
+using device_ipc::kEpochSlots;
+using device_ipc::kEpochTableBytes;
+
+struct NvlinkTransport::Table {
+  std::shared_ptr<Platform> platform;
+  void* base = nullptr;  // kEpochTableBytes of fabric memory
+  std::string handle;    // its fabric handle
+  ~Table() {
+    if (base != nullptr) (void)platform->Free(base, kEpochTableBytes, AllocationKind::kFabric);
+  }
+};
+
+namespace {
+
+// Copies `length` bytes with the platform and waits.
+Status CopyAndWait(Platform& platform, void* dst, const void* src, size_t length) {
+  auto started = platform.CopyAsync(dst, src, length, -1);
+  if (!started.ok()) return started.status();
+  return (*started)->Wait();
+}
+
+// The epoch tables of peers: each imported once per peer instance with ImportFabric, a slot read with an 8-byte
+// copy. Thread-safe.
+class FabricPeerEpochs final : public device_ipc::PeerEpochs {
+ public:
+  FabricPeerEpochs(std::shared_ptr<Platform> platform, device_ipc::EpochFields fields)
+      : PeerEpochs("nvlink", std::move(fields)), platform_(std::move(platform)) {}
+  ~FabricPeerEpochs() override {
+    for (auto& [instance, t] : tables_) (void)platform_->CloseFabric(t.base, kEpochTableBytes);
+  }
+
+  void Forget(const std::string& segment_name) override {
+    std::lock_guard lock(mu_);
+    for (auto it = tables_.begin(); it != tables_.end();) {
+      if (it->second.segment == segment_name) {
+        (void)platform_->CloseFabric(it->second.base, kEpochTableBytes);
+        it = tables_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+ protected:
+  StatusOr<uint64_t> Read(const SegmentDescriptor& desc, const std::string& instance, uint32_t slot) override {
+    std::lock_guard lock(mu_);  // held through the read: Forget cannot unmap the table under it
+    char* base = nullptr;
+    {
+      auto it = tables_.find(instance);
+      if (it == tables_.end()) {
+        const std::optional<std::string> hex = JsonString(desc.json, kEpochTableField);
+        if (!hex) {
+          return Status(ErrorCode::kMalformedJson, "nvlink: segment '" + desc.name + "' publishes no epoch table");
+        }
+        auto handle = device_ipc::HandleFromHex(*hex);
+        if (!handle.ok()) return handle.status();
+        auto mapped = platform_->ImportFabric(*handle, kEpochTableBytes);
+        if (!mapped.ok()) {
+          return Status(mapped.status().code(), "nvlink: importing the epoch table of '" + desc.name +
+                                                    "': " + mapped.status().message());
+        }
+        it = tables_.emplace(instance, Imported{desc.name, static_cast<char*>(*mapped)}).first;
+      }
+      base = it->second.base;
+    }
+    uint64_t value = 0;
+    Status st = CopyAndWait(*platform_, &value, base + slot * sizeof(uint64_t), sizeof(value));
+    if (!st.ok()) return Status(st.code(), "nvlink: reading the epoch of '" + desc.name + "': " + st.message());
+    return value;
+  }
+
+ private:
+  struct Imported {
+    std::string segment;
+    char* base;
+  };
+  std::shared_ptr<Platform> platform_;
+  std::mutex mu_;
+  std::map<std::string, Imported> tables_;  // by peer instance
+};
+
+}  // namespace
+
+TransportProbe ProbeNvlink() {
+  TransportProbe p = device_ipc::ProbeRuntime(
+      "cuda", "host emulation of CUDA devices and fabric handles (MC_PLATFORM_EMULATION=1; not a GPU, no NVSwitch)",
+      {"libcuda.so.1"}, "CUDA driver", "no CUDA driver");
+  if (p.usable && p.reason.rfind("CUDA driver found", 0) == 0) p.reason += "; fabric handle support is checked at start";
+  return p;
+}
+
+NvlinkTransport::NvlinkTransport()
+    : DeviceIpcTransport(device_ipc::DeviceIpcSpec{"nvlink", "MC_NVLINK", MemoryType::kCuda, "CUDA",
+                                                   /*remote_hosts=*/true, AllocationKind::kFabric}) {}
+
+NvlinkTransport::~NvlinkTransport() { Stop(); }  // every copy done before the table goes
+
+Status NvlinkTransport::Configure(const TransportOptions& options) {
+  MC_RETURN_IF_ERROR(DeviceIpcTransport::Configure(options));
+  domain_ = options.String("domain", "MC_NVLINK_DOMAIN", "");
+  return Status::Ok();
+}
+
+std::string NvlinkTransport::StartHooks() {
+  if (domain_.empty()) {
+    return "no NVLink domain: set MC_NVLINK_DOMAIN (or the option nvlink.domain) to the fabric's cluster id, the "
+           "same on every host of the domain";
+  }
+  auto table = std::make_shared<Table>();
+  table->platform = platform();
+  auto base = platform()->Allocate(kEpochTableBytes, AllocationKind::kFabric, 0);
+  if (!base.ok()) return base.status().message();  // "fabric handles unsupported: ..." where the driver refuses
+  table->base = *base;
+  std::vector<uint64_t> zeros(kEpochSlots, 0);  // device memory need not start zeroed
+  Status st = CopyAndWait(*platform(), table->base, zeros.data(), kEpochTableBytes);
+  if (!st.ok()) return "clearing the epoch table: " + st.message();
+  auto handle = platform()->ExportFabric(table->base, kEpochTableBytes);
+  if (!handle.ok()) return handle.status().message();
+  table->handle = std::move(*handle);
+  table_ = std::move(table);
+  MC_LOG(kInfo) << "nvlink: NVLink domain '" << domain_ << "'";
+  return "";
+}
+
+StatusOr<std::string> NvlinkTransport::ExportRegion(void* ptr, size_t length) {
+  return platform()->ExportFabric(ptr, length);
+}
+
+device_ipc::MappingOps NvlinkTransport::MakeMappingOps() {
+  std::shared_ptr<Platform> p = platform();
+  device_ipc::MappingOps ops;
+  ops.what = "nvlink";
+  ops.import = [p](const std::string& handle, int, size_t length) { return p->ImportFabric(handle, length); };
+  ops.close = [p](void* mapped, size_t length) { return p->CloseFabric(mapped, length); };
+  return ops;
+}
+
+std::unique_ptr<device_ipc::LocalEpochs> NvlinkTransport::MakeLocalEpochs() {
+  std::shared_ptr<Table> table = table_;
+  return std::make_unique<device_ipc::LocalEpochs>([table](uint32_t slot, uint64_t value) {
+    char* at = static_cast<char*>(table->base) + slot * sizeof(uint64_t);
+    Status st = CopyAndWait(*table->platform, at, &value, sizeof(value));
+    if (!st.ok()) MC_LOG(kError) << "nvlink: publishing an epoch failed (peers may copy into it): " << st.message();
+  });
+}
+
+std::unique_ptr<device_ipc::PeerEpochs> NvlinkTransport::MakePeerEpochs() {
+  device_ipc::EpochFields fields = epoch_fields();
+  fields.table = kEpochTableField;
+  return std::make_unique<FabricPeerEpochs>(platform(), std::move(fields));
+}
+
+void NvlinkTransport::DescribeEpochs(nlohmann::json& descriptor) const {
+  descriptor[kDomainField] = domain_;
+  descriptor[kEpochTableField] = device_ipc::HandleToHex(table_->handle);
+}
+
+bool NvlinkTransport::PeerInReach(const SegmentDescriptor& peer) const {
+  return !domain_.empty() && JsonString(peer.json, kDomainField).value_or("") == domain_;
+}
+
+MC_TRANSPORT_PLUGIN("nvlink", NvlinkTransport, {"nvlink"}, /*exclusive_env=*/"", ProbeNvlink);
+
+}  // namespace mooncake::te::nvlink
