@@ -49,14 +49,15 @@ ALIGN = 64
 def _engine():
     """One Transfer Engine per process, shared by every Buffer (P2P handshake; MC_EP_LOCAL_HOSTNAME names the
     address peers use, 127.0.0.1 by default; MC_EP_PROTOCOL the preferred protocol, by default none: the engine
-    installs every usable transport and picks the best path per peer)."""
+    installs every usable transport and picks the best path per peer; MC_EP_DEVICE the NIC allow-list, the
+    engine's device_name: "" = all)."""
     global _ENGINE
     if _ENGINE is None:
         from mooncake.engine import TransferEngine  # the native extension loads only when a Buffer is made
         engine = TransferEngine()
         host = os.environ.get("MC_EP_LOCAL_HOSTNAME", "127.0.0.1")
         protocol = os.environ.get("MC_EP_PROTOCOL", "")
-        if engine.initialize(host, "P2PHANDSHAKE", protocol, "") != 0:
+        if engine.initialize(host, "P2PHANDSHAKE", protocol, os.environ.get("MC_EP_DEVICE", "")) != 0:
             raise RuntimeError(f"mooncake.ep: cannot start the Transfer Engine on {host} (see the log above)")
         _ENGINE = engine
     return _ENGINE

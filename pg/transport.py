@@ -75,8 +75,9 @@ class _Process:
 
                 engine = TransferEngine()
                 # MC_PG_PROTOCOL: the preferred protocol; by default none (every usable transport, best per peer).
+                # MC_PG_DEVICE: the NIC allow-list (the engine's device_name; "" = all).
                 protocol = os.environ.get("MC_PG_PROTOCOL", "")
-                if engine.initialize(cls.host_ip, "P2PHANDSHAKE", protocol, "") != 0:
+                if engine.initialize(cls.host_ip, "P2PHANDSHAKE", protocol, os.environ.get("MC_PG_DEVICE", "")) != 0:
                     raise RuntimeError(f"mooncake pg: transfer engine failed to start on {cls.host_ip}")
                 cls._start(engine)
             return cls
