@@ -23,7 +23,9 @@ def cluster():
 
 
 def test_cross_process_put_get_and_placement(cluster):
-    m = cluster(MasterProcess, *FAST)
+    # A 2 s read lease: on a loaded machine a batch read over a fresh Transfer Engine connection can take longer
+    # than FAST's 200 ms, and a read whose lease ran out is (rightly) refused. Nothing here waits for a lease.
+    m = cluster(MasterProcess, "--client_ttl=1", "--monitor_interval_ms=50", "--default_kv_lease_ttl=2000")
     a = cluster(StoreWorker, m.address)
     b = cluster(StoreWorker, m.address, env={"MC_STORE_FAST_RPC": "0"})  # b talks gRPC only
     value = pattern(300 * KiB, 7)
