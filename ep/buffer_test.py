@@ -41,4 +41,4 @@ def test_killed_rank_is_dropped_within_the_timeout():
     for rc, out, err in reports[:2]:
         assert rc == 0, err[-3000:]
         r = json.loads(out)
-        assert r["active"] == [1, 1, 0] and r["round1_seconds"] < 6
+        assert r["active"] == [1, 1, 0] and r["round1_seconds"] < 8  # the 4 s timeout plus bounded set-up
