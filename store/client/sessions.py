@@ -309,6 +309,7 @@ class SessionAPI:
                     taken[i] = s
         results = [_INVALID] * len(keys)
         done = {}  # index -> ranges written
+        failed: set = set()
         try:
             ops = []
             for i, k in enumerate(keys):

@@ -137,6 +137,8 @@ def _replication_finish(svc, op: ops.ReplicationFinish):
         if value is None:  # every replica went meanwhile (a segment unmounted)
             svc._free(r.new)
             return ErrorCode.OBJECT_NOT_FOUND
+        if not r.new:  # every target segment went meanwhile: nothing was copied, the object stays as it is
+            return ErrorCode.REPLICA_NOT_FOUND
         reps = list(replicas_of(value))
         src = r.source  # matched by place: a replayed op's replicas are new objects
         retired = tuple(x for x in reps if r.move and x.segment is src.segment and x.offset == src.offset)

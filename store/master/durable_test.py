@@ -299,3 +299,35 @@ def test_snapshot_encodes_the_objects_outside_the_service_lock(tmp_path, monkeyp
     other = MasterService(MasterConfig(client_ttl_sec=1e6), clock=clock)
     durable.load_state(other, json.loads(json.dumps(state)))
     assert len(other.table.objects) == 500
+
+
+def test_copy_and_move_edge_cases_keep_objects_and_hold_buffers(tmp_path):
+    """No copy under an upsert in progress (its end would add old bytes to the new version); a move whose target
+    segment went ends with an error and keeps the object; a copy whose source segment went holds its new buffers
+    (the executor may still write them); an empty key never releases a reservation's held rest."""
+    clock = Clock()
+    svc = leader(tmp_path, clock)
+    for name, host, base in (("a", "h0", 0x100000), ("b", "h1", 0x200000), ("c", "h2", 0x300000)):
+        assert svc.mount_segment("c0", SegmentSpec(name, host, base, 64 * KiB)) == E.OK
+    for key in ("u", "m", "s"):
+        assert svc.put_start("c0", key, 4 * KiB, PutConfig(preferred_segments=("h0",)))[0] == E.OK
+        assert svc.put_end("c0", key) == E.OK
+    assert svc.upsert_start("c0", "u", 8 * KiB, PutConfig())[0] == E.OK
+    assert svc.copy_start("c1", "u", "h0", ["h1"])[0] == E.OBJECT_REPLICA_BUSY
+    assert svc.move_start("c1", "m", "h0", "h2")[0] == E.OK
+    assert svc.unmount_segment("c0", "c") == E.OK
+    assert svc.move_end("c1", "m") == E.REPLICA_NOT_FOUND
+    assert svc.exist("m") == (E.OK, True) and "m" not in svc.table.busy
+    code, _, (target,) = svc.copy_start("c1", "s", "h0", ["h1"])
+    assert code == E.OK
+    assert svc.unmount_segment("c0", "a") == E.OK  # the source went: the copy is void, its target held
+    assert "s" not in svc.table.busy
+    assert any(h.writer == "c1" and h.replicas[0].offset == target.offset for h in svc.table.held)
+    code, r = svc.reserve_space("c0", 16 * KiB, 4 * KiB, PutConfig(preferred_segments=("h1",)))
+    assert code == E.OK and svc.release_space("c0", r.id, unsettled=True) == E.OK
+    held = len(svc.table.held)
+    assert svc.batch_put_end("c0", [""]) == [E.INVALID_PARAMS] and svc.batch_put_revoke("c0", [""]) == [
+        E.INVALID_PARAMS]
+    assert len(svc.table.held) == held
+    other, _ = restored(tmp_path, clock)
+    assert comparable(other) == comparable(svc)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from mooncake.store.common.errors import ErrorCode
 from mooncake.store.master import ops
-from mooncake.store.master.objects import replicas_of
+from mooncake.store.master.objects import Held, replicas_of
 from mooncake.store.master.segments import Replica, Segment
 from mooncake.store.master.tasks import TaskType
 
@@ -60,6 +60,8 @@ class Replicator:
             return code, None, []
         if key in t.busy:
             return ErrorCode.OBJECT_HAS_REPLICATION_TASK, None, []
+        if key in t.pending:  # an upsert in progress would commit a new version under the copy
+            return ErrorCode.OBJECT_REPLICA_BUSY, None, []
         reps = replicas_of(value)
         code, src = self._source_replica(reps, source)
         if code != OK:
@@ -169,10 +171,14 @@ class Replicator:
 
     def on_segment_unmounted(self, seg: Segment) -> None:
         busy = self._svc.table.busy
+        svc = self._svc
         for key, op in list(busy.items()):
             if op.source.segment is seg:  # nothing left to copy from: the operation is void
                 del busy[key]
-                self._svc._free(op.new)
+                # The executor may still be writing the new buffers: held as an abandoned copy's are (the op's
+                # own start time, not a clock: this runs inside the unmount's handler).
+                svc.table.held.append(Held(key, tuple(op.new), op.started + svc.config.put_start_release_timeout_sec,
+                                           op.client_id))
             else:
                 op.new = [r for r in op.new if r.segment is not seg]
 

@@ -417,6 +417,7 @@ class _GrpcDoor:
         self._stopping = False
         self._servicer = servicer
         self._server = None
+        self._supervisor: asyncio.Task | None = None
         self.restarts = 0
         try:
             self._server, self.port = self._run(self._create(servicer, address))
@@ -443,7 +444,10 @@ class _GrpcDoor:
 
     def start(self) -> None:
         self._run(self._server.start())
-        asyncio.run_coroutine_threadsafe(self._supervise(), self._loop)
+        self._supervisor = self._run(self._spawn_supervisor())
+
+    async def _spawn_supervisor(self) -> asyncio.Task:
+        return asyncio.ensure_future(self._supervise())
 
     async def _supervise(self) -> None:
         wake = asyncio.Event()
@@ -457,7 +461,7 @@ class _GrpcDoor:
                 loop.default_exception_handler(context)
         self._loop.set_exception_handler(on_exception)
         host = self._address.rsplit(":", 1)[0].strip("[]")
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1", "localhost": "127.0.0.1"}.get(host, host)
         while not self._stopping:
             try:
                 await asyncio.wait_for(wake.wait(), PROBE_SEC)
@@ -480,14 +484,12 @@ class _GrpcDoor:
         while not self._stopping:
             try:
                 server, _ = await self._create(self._servicer, self._address)
+                self._server = server  # before start: a stop() cancelling us meanwhile stops this one
                 await server.start()
             except Exception as e:  # noqa: BLE001  (e.g. the port is taken meanwhile): retried, logged
                 _log.error("gRPC server restart on %s failed: %s; retrying in 1 s", self._address, e)
                 await asyncio.sleep(1.0)
                 continue
-            self._server = server
-            if self._stopping:  # stop() ran meanwhile, on the old server
-                await server.stop(0)
             return
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -496,11 +498,20 @@ class _GrpcDoor:
     def stop(self, grace: float) -> None:
         if self._stopped.is_set():
             return
-        self._stopping = True
         try:
-            self._run(self._server.stop(grace), timeout=grace + 30.0)
+            self._run(self._stop_on_loop(grace), timeout=grace + 30.0)
         finally:
             self._shutdown_loop()
+
+    async def _stop_on_loop(self, grace: float) -> None:
+        """On the loop, so no restart can start a server after it: the supervisor is cancelled and awaited
+        first, then whichever server is current is stopped."""
+        self._stopping = True
+        task, self._supervisor = self._supervisor, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._server.stop(grace)
 
     def _shutdown_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

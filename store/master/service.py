@@ -433,6 +433,8 @@ class MasterService:
         return code
 
     def _end_checked(self, client_id: str, key: str, now: float) -> ErrorCode:
+        if not key:  # held reservation rests have the empty key: never released by a put's end
+            return ErrorCode.INVALID_PARAMS
         t = self.table
         p = t.pending.get(key)
         if p is None or p.client_id != client_id:
@@ -465,6 +467,9 @@ class MasterService:
         return size
 
     def _revoke_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
+        if not key:  # as in _end_checked
+            self.metrics.count("put_revoke", ErrorCode.INVALID_PARAMS)
+            return ErrorCode.INVALID_PARAMS
         t = self.table
         p = t.pending.get(key)
         if p is None or p.client_id != client_id:
