@@ -20,7 +20,8 @@ ep/cuda/gpu_check.py's: both are modules of this script and still run alone):
   tcp_staging                the same pair over tcp (pinned host staging), BW against host memory over tcp
   conformance                the C++ conformance suite (tcp_conformance_test: its device-memory case on the cuda
                              platform, host memory across two processes); it needs its Bazel binaries
-                             (`bazel build //transfer_engine/transport/tcp:tcp_conformance_test`, or
+                             (ci/build_native.sh installs them in python/mooncake/_plugins/conformance/; or
+                             `bazel build //transfer_engine/transport/tcp:tcp_conformance_test`, or
                              MC_GPU_CHECK_CONFORMANCE=<binary>); without them it SKIPs and nvlink_intra and
                              tcp_staging (cudaMalloc buffers across two processes, bytes verified) stand in
   store_zero_copy            a master, a holder client (host segment) and a client of this process: register_buffer
@@ -202,17 +203,26 @@ def check_pair(transport: str, mib: int, limit: float) -> dict:
     return _result(state, detail, bw=bw, data=r)
 
 
+# Where ci/build_native.sh installs tcp_conformance_test and conformance_peer (statically linked, so they run
+# outside Bazel's tree), relative to ROOT; the plugins beside them (the cuda platform) are one level up.
+INSTALLED_CONFORMANCE = os.path.join("python", "mooncake", "_plugins", "conformance")
+
+
 def _conformance_binary() -> tuple[str, str]:
-    """(tcp_conformance_test, conformance_peer) where Bazel built them, or ("", where it looked)."""
+    """(tcp_conformance_test, conformance_peer) as MC_GPU_CHECK_CONFORMANCE names it, ci/build_native.sh
+    installed them, or Bazel built them; or ("", where it looked). The peer is beside the binary or where Bazel
+    puts it."""
     given = os.environ.get("MC_GPU_CHECK_CONFORMANCE", "")
     bins = [os.path.join(ROOT, "bazel-bin")]
     if os.environ.get("BUILD_WORKSPACE_DIRECTORY"):
         bins.insert(0, os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], "bazel-bin"))
-    candidates = ([given] if given else []) + [os.path.join(b, "transfer_engine", "transport", "tcp",
-                                                            "tcp_conformance_test") for b in bins]
+    candidates = ([given] if given else []) + [os.path.join(ROOT, INSTALLED_CONFORMANCE, "tcp_conformance_test")]
+    candidates += [os.path.join(b, "transfer_engine", "transport", "tcp", "tcp_conformance_test") for b in bins]
     for c in candidates:
         if os.path.isfile(c) and os.access(c, os.X_OK):
-            peer = os.path.join(os.path.dirname(os.path.dirname(c)), "conformance", "conformance_peer")
+            peer = os.path.join(os.path.dirname(c), "conformance_peer")
+            if not os.path.isfile(peer):
+                peer = os.path.join(os.path.dirname(os.path.dirname(c)), "conformance", "conformance_peer")
             runfiles = c + ".runfiles"
             if not os.path.isfile(peer) and os.path.isdir(runfiles):
                 peer = os.path.join(runfiles, "_main", "transfer_engine", "transport", "conformance",
@@ -234,6 +244,9 @@ def check_conformance(emulation: bool, limit: float) -> dict:
         env["MC_PLATFORM_EMULATION"] = "1"
     if peer:
         env["MC_CONFORMANCE_PEER"] = peer
+    plugins = os.path.join(ROOT, "python", "mooncake", "_plugins")
+    if not emulation and "MC_PLUGIN_DIR" not in env and os.path.isdir(plugins):
+        env["MC_PLUGIN_DIR"] = plugins  # the cuda platform plugin ci/build_native.sh installed
     try:
         p = subprocess.run([binary, "--gtest_brief=0"], capture_output=True, text=True, timeout=max(10, limit - 5),
                            env=env)

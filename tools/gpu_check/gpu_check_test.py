@@ -75,3 +75,22 @@ def test_a_check_past_its_limit_is_killed_and_fails():
     assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
     assert checks["tcp_staging"][0] == "FAIL" and "timed out after 1 s" in checks["tcp_staging"][1], checks
     assert list(summary["checks"]) == ["tcp_staging"] and summary["exit"] == 1
+
+
+def test_finds_the_conformance_binaries_where_build_native_installs_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("MC_GPU_CHECK_CONFORMANCE", raising=False)
+    monkeypatch.delenv("BUILD_WORKSPACE_DIRECTORY", raising=False)
+    monkeypatch.setattr(gpu_check, "ROOT", str(tmp_path))
+    binary, looked = gpu_check._conformance_binary()
+    assert binary == "" and os.path.join(str(tmp_path), gpu_check.INSTALLED_CONFORMANCE) in looked, looked
+    # The layout ci/build_native.sh installs: both binaries in python/mooncake/_plugins/conformance/.
+    where = tmp_path / "python" / "mooncake" / "_plugins" / "conformance"
+    where.mkdir(parents=True)
+    for name in ("tcp_conformance_test", "conformance_peer"):
+        (where / name).write_text("#!/bin/sh\n")
+        (where / name).chmod(0o755)
+    assert gpu_check._conformance_binary() == (str(where / "tcp_conformance_test"), str(where / "conformance_peer"))
+    # The script installs where this looks (read from the source tree the runfiles link to).
+    script = os.path.join(os.path.dirname(os.path.realpath(SCRIPT)), "..", "..", "ci", "build_native.sh")
+    with open(script) as f:
+        assert "install -d " + gpu_check.INSTALLED_CONFORMANCE + "\n" in f.read(), script

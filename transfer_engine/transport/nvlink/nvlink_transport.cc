@@ -8,6 +8,7 @@
 #include "transfer_engine/plugin/plugin.h"
 #include "transfer_engine/transport/device_ipc/handle_hex.h"
 #include "transfer_engine/transport/device_ipc/probe.h"
+#include "transfer_engine/transport/nvlink/nvml_domain.h"
 
 namespace mooncake::te::nvlink {
 
@@ -111,13 +112,30 @@ NvlinkTransport::~NvlinkTransport() { Stop(); }  // every copy done before the t
 Status NvlinkTransport::Configure(const TransportOptions& options) {
   MC_RETURN_IF_ERROR(DeviceIpcTransport::Configure(options));
   domain_ = options.String("domain", "MC_NVLINK_DOMAIN", "");
+  const std::string nvml = options.String("nvml_library", "MC_NVLINK_NVML_LIBRARY", "");
+  nvml_sonames_ = nvml.empty() ? DefaultNvmlSonames() : std::vector<std::string>{nvml};
   return Status::Ok();
+}
+
+std::string NvlinkTransport::DomainFromNvml() {
+  auto locality = platform()->Locality(0);
+  if (!locality.ok()) return "device 0's PCI address is unknown: " + locality.status().message();
+  if (locality->pci_bus_id.empty()) return "the " + platform()->name() + " platform knows no PCI address of device 0";
+  auto domain = NvlinkDomainFromNvml(nvml_sonames_, locality->pci_bus_id);
+  if (!domain.ok()) return domain.status().message();
+  domain_ = *domain;
+  MC_LOG(kInfo) << "nvlink: NVLink domain from NVML (GPU " << locality->pci_bus_id << "'s fabric cluster UUID and "
+                << "clique)";
+  return "";
 }
 
 std::string NvlinkTransport::StartHooks() {
   if (domain_.empty()) {
-    return "no NVLink domain: set MC_NVLINK_DOMAIN (or the option nvlink.domain) to the fabric's cluster id, the "
-           "same on every host of the domain";
+    const std::string why = DomainFromNvml();
+    if (!why.empty()) {
+      return "no NVLink domain: NVML gives none (" + why + "); set MC_NVLINK_DOMAIN (or the option nvlink.domain) "
+             "to the fabric's cluster id, the same on every host of the domain";
+    }
   }
   auto table = std::make_shared<Table>();
   table->platform = platform();

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transfer_engine/transport/device_ipc/device_ipc_transport.h"
 #include "transfer_engine/transport/transport.h"
@@ -18,8 +19,10 @@ inline constexpr const char kEpochTableField[] = "nvlink_epoch_table";
 /// hosts of one NVLink domain through FABRIC handles: a DeviceIpcTransport (device_ipc_transport.h) for
 /// MemoryType::kCuda whose hooks use Platform::ExportFabric / ImportFabric / CloseFabric instead of IPC handles.
 ///
-/// - Domain: option `nvlink.domain` / MC_NVLINK_DOMAIN (e.g. the fabric cluster UUID nvidia-smi -q reports;
-///   the platform does not read it from the driver yet). Without one the transport is inert, saying so.
+/// - Domain: option `nvlink.domain` / MC_NVLINK_DOMAIN (any text, the same on every host of the domain); else,
+///   at Start, NVML's fabric information for device 0 (its PCI address from Platform::Locality):
+///   "<cluster uuid>:<clique id>" (nvml_domain.h; NVML from `nvlink.nvml_library` / MC_NVLINK_NVML_LIBRARY, else
+///   libnvidia-ml.so.1, loaded at run time). Without either the transport is inert, saying why.
 /// - Reaches: a peer whose `nvlink_domain` equals ours and whose `nvlink_platform` names our platform, on this
 ///   host or another.
 /// - Registration: only memory of an AllocationKind::kFabric allocation exports (cuMemCreate with
@@ -52,7 +55,11 @@ class NvlinkTransport final : public device_ipc::DeviceIpcTransport {
   bool PeerInReach(const SegmentDescriptor& peer) const override;
 
  private:
-  std::string domain_;
+  /// Sets domain_ from NVML; "" when it did, else why not.
+  std::string DomainFromNvml();
+
+  std::string domain_;                     // Configure's, or DomainFromNvml's at Start
+  std::vector<std::string> nvml_sonames_;  // Configure's
   std::shared_ptr<Table> table_;  // set by StartHooks
 };
 

@@ -17,7 +17,15 @@
 // default 0), FAKE_CUDA_MISSING (an entry point reported as absent), FAKE_CUDA_EVENT_PENDING (how many
 // cuEventQuery calls answer CUDA_ERROR_NOT_READY before success), FAKE_CUDA_POINTER_NEEDS_CONTEXT (when 1,
 // cuPointerGetAttribute(s) answer CUDA_ERROR_INVALID_CONTEXT on a thread with no current context),
-// FAKE_CUDA_NO_DMABUF (when 1, devices report no dma-buf support).
+// FAKE_CUDA_NO_DMABUF (when 1, devices report no dma-buf support), FAKE_CUDA_FABRIC (fabric handles, below).
+//
+// Fabric handles: by default devices report CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 0 and cuMemCreate
+// with CU_MEM_HANDLE_TYPE_FABRIC answers CUDA_ERROR_NOT_SUPPORTED (a GPU without an NVSwitch fabric).
+// FAKE_CUDA_FABRIC=1: supported; such an allocation's memory is a file /dev/shm/fake-cuda-fabric-<pid>-<n>
+// (unlinked when the creating handle is released), its CUmemFabricHandle names that file (FabricBytes), and
+// cuMemImportFromShareableHandle(FABRIC) in any process of this machine opens it. FAKE_CUDA_FABRIC=no-imex: the
+// attribute says supported but cuMemCreate(FABRIC) answers CUDA_ERROR_NOT_PERMITTED (no IMEX channel).
+// A VMM handle exports only as the handle types it was created with.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <fcntl.h>
@@ -26,6 +34,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -49,7 +58,19 @@ struct Vmm {
   int fd;
   size_t size;
   int device;
+  unsigned long long handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;  // cuMemCreate's requested types
+  std::string fabric_name;  // the /dev/shm file of a fabric allocation; unlinked at release when `owner`
+  bool owner = false;
 };
+
+// What the fake's CUmemFabricHandle holds.
+struct FabricBytes {
+  char magic[8];   // "FAKEFAB"
+  uint64_t size;   // of the allocation
+  int32_t device;  // where it was created
+  char name[44];   // the file under /dev/shm, NUL-terminated
+};
+static_assert(sizeof(FabricBytes) == sizeof(CUmemFabricHandle), "fills a CUmemFabricHandle");
 
 struct Event {
   int pending;
@@ -70,6 +91,8 @@ int devices = 2;
 int event_pending = 0;
 bool pointer_needs_context = false;
 bool no_dmabuf = false;
+enum class Fabric { kNone, kSupported, kNoImex } fabric = Fabric::kNone;
+unsigned fabric_serial = 0;  // names this process's fabric files (mu)
 CUdeviceptr last_dmabuf_ptr = 0;  // the last successful cuMemGetHandleForAddressRange's range
 size_t last_dmabuf_size = 0;
 std::map<int, int> primary_retains;  // device -> cuDevicePrimaryCtxRetain calls
@@ -106,6 +129,9 @@ CUresult FakeInit(unsigned int flags) {
   event_pending = EnvInt("FAKE_CUDA_EVENT_PENDING", 0);
   pointer_needs_context = EnvInt("FAKE_CUDA_POINTER_NEEDS_CONTEXT", 0) == 1;
   no_dmabuf = EnvInt("FAKE_CUDA_NO_DMABUF", 0) == 1;
+  const char* f = getenv("FAKE_CUDA_FABRIC");
+  const std::string fabric_knob = f != nullptr ? f : "";
+  fabric = fabric_knob == "1" ? Fabric::kSupported : fabric_knob == "no-imex" ? Fabric::kNoImex : Fabric::kNone;
   initialized = true;
   return CUDA_SUCCESS;
 }
@@ -128,6 +154,7 @@ CUresult FakeGetErrorName(CUresult r, const char** s) {
     case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return CUDA_SUCCESS;
     case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return CUDA_SUCCESS;
     case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_PERMITTED: *s = "CUDA_ERROR_NOT_PERMITTED"; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -156,7 +183,8 @@ CUresult FakeDeviceGet(CUdevice* d, int ordinal) {
   return CUDA_SUCCESS;
 }
 
-// PCI address of device d: domain 0, bus 0x3b + d, device 0; dma-buf supported unless FAKE_CUDA_NO_DMABUF=1.
+// PCI address of device d: domain 0, bus 0x3b + d, device 0; dma-buf supported unless FAKE_CUDA_NO_DMABUF=1;
+// fabric handles as FAKE_CUDA_FABRIC says.
 CUresult FakeDeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice d) {
   if (CUresult r = Ready(false)) return r;
   if (d < 0 || d >= devices) return CUDA_ERROR_INVALID_DEVICE;
@@ -165,6 +193,7 @@ CUresult FakeDeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice d) {
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = 0x3b + d; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *v = 0; break;
     case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: *v = no_dmabuf ? 0 : 1; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: *v = fabric == Fabric::kNone ? 0 : 1; break;
     default: *v = 0; break;
   }
   return CUDA_SUCCESS;
@@ -279,8 +308,32 @@ constexpr size_t kGranularity = 2 << 20;
 
 CUresult FakeGranularity(size_t* g, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags) {
   if (CUresult r = Ready(false)) return r;
-  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+      prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_FABRIC) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   *g = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+std::string FabricPath(const std::string& name) { return "/dev/shm/" + name; }
+
+// A fabric allocation of `size` bytes on `device`: a new /dev/shm file, owned by the handle.
+CUresult CreateFabric(CUmemGenericAllocationHandle* h, size_t size, int device) {
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    name = "fake-cuda-fabric-" + std::to_string(getpid()) + "-" + std::to_string(fabric_serial++);
+  }
+  const std::string path = FabricPath(name);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    unlink(path.c_str());
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *h = reinterpret_cast<uintptr_t>(new Vmm{fd, size, device, CU_MEM_HANDLE_TYPE_FABRIC, name, true});
   return CUDA_SUCCESS;
 }
 
@@ -290,8 +343,20 @@ CUresult FakeMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmem
   if (size == 0 || size % kGranularity != 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  const unsigned long long types = prop->requestedHandleTypes;
+  if (types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && types != CU_MEM_HANDLE_TYPE_FABRIC) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (types == CU_MEM_HANDLE_TYPE_FABRIC) {
+    if (fabric == Fabric::kNone) return CUDA_ERROR_NOT_SUPPORTED;
+    if (fabric == Fabric::kNoImex) return CUDA_ERROR_NOT_PERMITTED;
+    return CreateFabric(h, size, prop->location.id);
+  }
   int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   *h = reinterpret_cast<uintptr_t>(new Vmm{fd, size, prop->location.id});
   return CUDA_SUCCESS;
 }
@@ -300,6 +365,7 @@ CUresult FakeMemRelease(CUmemGenericAllocationHandle h) {
   if (CUresult r = Ready(false)) return r;
   Vmm* v = reinterpret_cast<Vmm*>(h);
   close(v->fd);
+  if (v->owner) unlink(FabricPath(v->fabric_name).c_str());
   delete v;
   return CUDA_SUCCESS;
 }
@@ -349,15 +415,51 @@ CUresult FakeMemSetAccess(CUdeviceptr va, size_t, const CUmemAccessDesc* desc, s
 
 CUresult FakeExport(void* out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, unsigned long long) {
   if (CUresult r = Ready(false)) return r;
+  const Vmm* v = reinterpret_cast<Vmm*>(h);
+  if ((v->handle_types & type) == 0) return CUDA_ERROR_INVALID_VALUE;  // not requested at cuMemCreate
+  if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+    FabricBytes b{};
+    memcpy(b.magic, "FAKEFAB", 8);
+    b.size = v->size;
+    b.device = v->device;
+    snprintf(b.name, sizeof(b.name), "%s", v->fabric_name.c_str());
+    memcpy(out, &b, sizeof(b));
+    return CUDA_SUCCESS;
+  }
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
-  int fd = fcntl(reinterpret_cast<Vmm*>(h)->fd, F_DUPFD_CLOEXEC, 0);
+  int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(out) = fd;
   return CUDA_SUCCESS;
 }
 
+// A fabric handle FakeExport made, in any process: CUDA_ERROR_NOT_SUPPORTED where fabric handles are off,
+// CUDA_ERROR_INVALID_VALUE for bytes that are not such a handle or whose allocation is released.
+CUresult ImportFabric(CUmemGenericAllocationHandle* h, const void* os_handle) {
+  if (fabric == Fabric::kNone) return CUDA_ERROR_NOT_SUPPORTED;
+  if (fabric == Fabric::kNoImex) return CUDA_ERROR_NOT_PERMITTED;
+  if (os_handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FabricBytes b;
+  memcpy(&b, os_handle, sizeof(b));
+  if (memcmp(b.magic, "FAKEFAB", 8) != 0 || memchr(b.name, '\0', sizeof(b.name)) == nullptr ||
+      strchr(b.name, '/') != nullptr || strncmp(b.name, "fake-cuda-fabric-", 17) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int fd = open(FabricPath(b.name).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != b.size) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *h = reinterpret_cast<uintptr_t>(
+      new Vmm{fd, static_cast<size_t>(b.size), current < 0 ? 0 : current, CU_MEM_HANDLE_TYPE_FABRIC, b.name, false});
+  return CUDA_SUCCESS;
+}
+
 CUresult FakeImport(CUmemGenericAllocationHandle* h, void* os_handle, CUmemAllocationHandleType type) {
   if (CUresult r = Ready(false)) return r;
+  if (type == CU_MEM_HANDLE_TYPE_FABRIC) return ImportFabric(h, os_handle);
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
   struct stat st;
