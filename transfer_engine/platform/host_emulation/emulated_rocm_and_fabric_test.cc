@@ -2,6 +2,7 @@
 // registered instance) and its fabric handles (named files under /dev/shm standing in for CUDA fabric handles).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -72,6 +73,41 @@ TEST(EmulatedFabricTest, ExportsImportsAndOutlivesTheOwnersFree) {
   EXPECT_EQ(p->ImportFabric(*handle, 10).status().code(), ErrorCode::kNotFound) << "no import after the Free";
   EXPECT_TRUE(p->CloseFabric(*mapped, 5000).ok());
   EXPECT_EQ(p->CloseFabric(*mapped, 5000).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(EmulatedFabricTest, AProcessThatExitsWithoutFreeingLeavesNoFabricFile) {
+  // The parent holds a fabric file while a forked child allocates its own and exits normally without Free: the
+  // child's file is gone, the parent's (inherited in the child's memory) is kept.
+  auto p = MakeHostEmulationPlatformOf(MemoryType::kCuda, 1);
+  auto mine = p->Allocate(4096, AllocationKind::kFabric, 0);
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  auto name_of = [&](void* ptr) {
+    auto h = p->ExportFabric(ptr, 4096);
+    return h.ok() ? std::string(host_emulation::kFabricDir) + "/" + EmulationFabricHandle::Decode(*h)->name : "";
+  };
+  const std::string parent_file = name_of(*mine);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    auto theirs = p->Allocate(4096, AllocationKind::kFabric, 0);
+    std::string file = theirs.ok() ? name_of(*theirs) : "";
+    (void)!write(fds[1], file.data(), file.size());
+    close(fds[1]);
+    exit(theirs.ok() ? 0 : 1);  // normal exit: static destructors run, no Free
+  }
+  close(fds[1]);
+  char buf[512] = {};
+  ssize_t n = read(fds[0], buf, sizeof(buf) - 1);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_GT(n, 0);
+  EXPECT_NE(access(buf, F_OK), 0) << buf << " was left behind";
+  EXPECT_EQ(access(parent_file.c_str(), F_OK), 0) << "the child removed its parent's file";
+  EXPECT_TRUE(p->Free(*mine, 4096, AllocationKind::kFabric).ok());
+  EXPECT_NE(access(parent_file.c_str(), F_OK), 0);
 }
 
 TEST(EmulatedFabricTest, ExportsOnlyFabricAllocations) {

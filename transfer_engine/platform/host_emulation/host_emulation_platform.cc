@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +82,38 @@ std::optional<MemoryType> RequestedType() {
   return std::nullopt;
 }
 
+// The fabric files this process created and has not freed: unlinked when the process exits normally (platforms
+// live until exit and managed buffers are not always freed), so test runs leave no files behind in kFabricDir.
+// A process killed (SIGKILL, _exit) still leaves its files. Never destroyed (used from static destructors).
+// Each path with the pid that created it: a forked child inherits the set, and must not unlink its parent's.
+struct FabricFiles {
+  std::mutex mu;
+  std::set<std::pair<pid_t, std::string>> paths;
+  void Add(const std::string& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    paths.insert({getpid(), p});
+  }
+  void Remove(const std::string& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    paths.erase({getpid(), p});
+    unlink(p.c_str());
+  }
+};
+FabricFiles& LiveFabricFiles() {
+  static FabricFiles* files = new FabricFiles;
+  return *files;
+}
+struct FabricFilesAtExit {
+  ~FabricFilesAtExit() {
+    FabricFiles& f = LiveFabricFiles();
+    std::lock_guard<std::mutex> lock(f.mu);
+    for (const auto& [pid, p] : f.paths) {
+      if (pid == getpid()) unlink(p.c_str());
+    }
+    f.paths.clear();
+  }
+} fabric_files_at_exit;
+
 // A fresh name for a fabric allocation's file: unique on this machine (pid, serial, random bits).
 std::string FabricName(uint64_t serial) {
   uint64_t bits = 0;
@@ -124,6 +157,7 @@ class HostEmulationPlatform final : public Platform {
     for (auto& [addr, r] : regions_) {
       munmap(r.map_base, r.map_length);
       if (r.fd >= 0) close(r.fd);
+      if (!r.fabric_path.empty()) LiveFabricFiles().Remove(r.fabric_path);
     }
   }
 
@@ -193,6 +227,7 @@ class HostEmulationPlatform final : public Platform {
       undo();
       return st;
     }
+    if (!fabric_path.empty()) LiveFabricFiles().Add(fabric_path);
     std::lock_guard<std::mutex> lock(mu_);
     regions_[reinterpret_cast<uintptr_t>(p)] = Region{
         Region::Origin::kDevice, kind, length, p, mapped, fd, device, serial, !fabric_path.empty(), fabric_path};
@@ -215,7 +250,7 @@ class HostEmulationPlatform final : public Platform {
     }
     munmap(r.map_base, r.map_length);
     if (r.fd >= 0) close(r.fd);
-    if (!r.fabric_path.empty()) unlink(r.fabric_path.c_str());  // no new import; existing mappings keep it
+    if (!r.fabric_path.empty()) LiveFabricFiles().Remove(r.fabric_path);  // no new import; mappings keep it
     regions_.erase(it);
     return Status::Ok();
   }

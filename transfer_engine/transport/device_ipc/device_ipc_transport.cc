@@ -182,8 +182,11 @@ bool DeviceIpcTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Copy
   // A peer in this very process (same host id, hence PID namespace, and same pid) has device pointers that are
   // ours. CUDA refuses to import an IPC handle in the process that exported it: then copy directly (remembered
   // per peer, so the import is tried once). The emulation imports its own handles, so tests map as across
-  // processes.
-  const bool same_process = JsonInt(peer.json, "pid").value_or(0) == getpid();
+  // processes. A descriptor only says so: before a direct copy the range must be device memory of ours
+  // (DirectRangeIsOurs), so a descriptor that lies about its pid cannot aim us at any other memory.
+  const bool same_process = !ctx_.host_id.empty() &&
+                            JsonString(peer.json, "host_id").value_or("") == ctx_.host_id &&
+                            JsonInt(peer.json, "pid").value_or(0) == getpid();
   std::shared_ptr<PeerMapping> mapped;
   char* remote = reinterpret_cast<char*>(s->remote);
   bool direct = false;
@@ -204,6 +207,11 @@ bool DeviceIpcTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Copy
     } else {
       return fail(mapping.status());
     }
+  }
+  if (mapped == nullptr && !DirectRangeIsOurs(s->remote, s->length)) {
+    return fail(Status(ErrorCode::kAddressNotRegistered,
+                       Prefixed(Range(s->remote, s->length) + " of '" + peer.name + "' (said to be in this process) "
+                                "is not " + spec_.memory_name + " memory of this process")));
   }
   void* dst = s->opcode == OpCode::kWrite ? static_cast<void*>(remote) : static_cast<void*>(s->local);
   const void* src = s->opcode == OpCode::kWrite ? static_cast<const void*>(s->local) : remote;
@@ -281,6 +289,16 @@ void DeviceIpcTransport::WaitLoop() {
 void DeviceIpcTransport::ForgetPeer(const std::string& segment_name) {
   if (cache_) cache_->Forget(segment_name);
   if (peer_epochs_) peer_epochs_->Forget(segment_name);
+  std::lock_guard lock(stats_mu_);
+  same_process_direct_.erase(segment_name);
+}
+
+bool DeviceIpcTransport::DirectRangeIsOurs(uint64_t addr, uint64_t length) const {
+  // Both ends in device memory of our platform's type, as the platform knows its own allocations.
+  if (length == 0 || addr + length < addr) return false;
+  auto first = platform_->Classify(reinterpret_cast<const void*>(addr));
+  auto last = platform_->Classify(reinterpret_cast<const void*>(addr + length - 1));
+  return first && last && first->type == spec_.memory && last->type == spec_.memory && first->device == last->device;
 }
 
 StatusOr<void*> DeviceIpcTransport::AllocateManaged(size_t length) {

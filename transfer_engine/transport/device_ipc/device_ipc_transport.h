@@ -144,6 +144,9 @@ class DeviceIpcTransport : public Transport {
   };
   mutable std::mutex stats_mu_;
   std::set<std::string> same_process_direct_;  // peers of this process whose handles do not import (stats_mu_)
+  /// Whether [addr, addr+length) is device memory of spec.memory that our platform allocated or mapped (the
+  /// check before a direct copy to a peer said to be in this process).
+  bool DirectRangeIsOurs(uint64_t addr, uint64_t length) const;
   std::map<std::string, Counters> stats_;  // by peer segment
 };
 
