@@ -289,6 +289,15 @@ StatusOr<void*> GpuPlatform::ImportIpc(const std::string& handle, int owner_pid,
     MC_RETURN_IF_ERROR(EnterDevice(device));
     StatusOr<void*> base = runtime_->IpcOpen(h->bytes);
     if (!base.ok()) return Status(ErrorCode::kInvalidArgument, name_ + ": " + base.status().message());
+    // The handle's offset and length come from the peer: they must lie inside the allocation it maps.
+    StatusOr<std::pair<void*, size_t>> range = runtime_->AddressRange(*base);
+    if (!range.ok() || range->first != *base || h->offset + h->length < h->offset ||
+        h->offset + h->length > range->second) {
+      (void)runtime_->IpcClose(*base);
+      return InvalidArgument(name_ + ": the handle names bytes " + std::to_string(h->offset) + ".." +
+                             std::to_string(h->offset + h->length) + " of an allocation of " +
+                             (range.ok() ? std::to_string(range->second) + " bytes" : range.status().message()));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     m = &mappings_.emplace(key, Mapping{*base, static_cast<size_t>(h->offset + h->length), device, 0}).first->second;
   }

@@ -398,6 +398,15 @@ TEST(GpuPlatformTest, ExportHereImportInAChildProcess) {
   auto [too_long, why] = RunChild(*handle, getpid(), length + 1);
   EXPECT_EQ(too_long, 3);
   EXPECT_NE(why.find("cannot import 4001 bytes"), std::string::npos) << why;
+
+  // A handle whose length (peer-written text) claims more than the allocation holds is refused after opening.
+  std::string lying = *handle;
+  const std::string field = ":1234:4000:";
+  ASSERT_NE(lying.find(field), std::string::npos);
+  lying.replace(lying.find(field), field.size(), ":1234:400000:");
+  auto [past_end, said] = RunChild(lying, getpid(), 400000);
+  EXPECT_EQ(past_end, 3) << said;
+  EXPECT_NE(said.find("of an allocation of 10000 bytes"), std::string::npos) << said;
   auto [garbage, bad] = RunChild("mc-fakegpu-ipc:v1:1:2:3", getpid(), 1);
   EXPECT_EQ(garbage, 3);
   EXPECT_NE(bad.find("not a mc-fakegpu-ipc handle"), std::string::npos) << bad;
