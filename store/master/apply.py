@@ -72,7 +72,8 @@ def _put_discard(svc, op: ops.PutDiscard):
     p = t.pending.pop(op.key)
     if p.kind == PutKind.UPSERT_IN_PLACE:
         t.drop(op.key)
-    t.held.append(Held(op.key, tuple(p.replicas), op.at + svc.config.put_start_release_timeout_sec, p.client_id))
+    t.held.append(Held(op.key, tuple(p.replicas), op.at + svc.config.put_start_release_timeout_sec, p.client_id,
+                       sticky=op.reason == "writer_failed"))
     svc.metrics.revoked_puts.labels(reason=op.reason).inc()
 
 
@@ -131,7 +132,8 @@ def _replication_finish(svc, op: ops.ReplicationFinish):
     if op.outcome == "revoke":
         svc._free(r.new)
     elif op.outcome == "abandon":
-        t.held.append(Held(op.key, tuple(r.new), op.at + svc.config.put_start_release_timeout_sec, r.client_id))
+        t.held.append(Held(op.key, tuple(r.new), op.at + svc.config.put_start_release_timeout_sec, r.client_id,
+                           sticky=True))
     elif op.outcome == "end":
         value = t.objects.get(op.key)
         if value is None:  # every replica went meanwhile (a segment unmounted)

@@ -65,7 +65,7 @@ def state_locked(svc) -> dict:
         "soft_pins": [[k, d + off] for k, d in t.soft_pins.items()],
         "pending": [[k, p.client_id, p.size, _reps(p.replicas), p.started + off, ops.encode_config(p.config),
                      int(p.kind)] for k, p in t.pending.items()],
-        "held": [[h.key, _reps(r for r in h.replicas if r.segment.mounted), h.release_at + off, h.writer]
+        "held": [[h.key, _reps(r for r in h.replicas if r.segment.mounted), h.release_at + off, h.writer, h.sticky]
                  for h in t.held],
         "disk_clients": [[c.client_id, c.endpoint] for c in svc.disk_tier.clients.values()],
         "disk": [[k, d.owner.client_id, d.size, d.seq] for k, d in t.disk.items()],
@@ -121,8 +121,9 @@ def load_state_locked(svc, state: dict) -> None:
     for key, client_id, size, lst, started, cfg, kind in state["pending"]:
         t.pending[key] = PendingPut(client_id, size, reps(lst), started - off, ops.decode_config(cfg),
                                     PutKind(kind))
-    for key, lst, release_at, writer in state["held"]:
-        t.held.append(Held(key, tuple(reps(lst)), release_at - off, writer))
+    for row in state["held"]:  # older snapshots: no sticky flag
+        key, lst, release_at, writer = row[:4]
+        t.held.append(Held(key, tuple(reps(lst)), release_at - off, writer, bool(row[4]) if len(row) > 4 else False))
     for client_id, endpoint in state["disk_clients"]:
         svc.disk_tier.mount(client_id, endpoint)
     for key, client_id, size, seq in state["disk"]:

@@ -331,3 +331,38 @@ def test_copy_and_move_edge_cases_keep_objects_and_hold_buffers(tmp_path):
     assert len(svc.table.held) == held
     other, _ = restored(tmp_path, clock)
     assert comparable(other) == comparable(svc)
+
+
+def test_holds_of_writes_that_may_still_land_outlive_the_writers_later_calls(tmp_path):
+    """An unsettled revoke's hold is not freed by the same client's later end of the key (after a retry was
+    discarded); an idle reserved block's rest is held for the discard timeout; held entries drop replicas of an
+    unmounted segment on the master as in its snapshots, so later releases match on a restored master."""
+    clock = Clock()
+    cfg = dict(put_start_discard_timeout_sec=5, put_start_release_timeout_sec=50, reservation_idle_sec=2)
+    svc = leader(tmp_path, clock, **cfg)
+    assert svc.mount_segment("c0", SegmentSpec("a", "h0", 0x100000, 64 * KiB)) == E.OK
+    assert svc.mount_segment("c1", SegmentSpec("b", "h1", 0x200000, 64 * KiB)) == E.OK
+    two = PutConfig(replica_num=2)
+    assert svc.put_start("c0", "k", 4 * KiB, two)[0] == E.OK
+    assert svc.batch_put_revoke("c0", ["k"], unsettled=True) == [E.OK]  # hold H1 (sticky)
+    assert svc.put_start("c0", "k", 4 * KiB)[0] == E.OK  # the retry...
+    clock.t += 6
+    svc.tick()  # ...is discarded by the timeout: hold H2
+    assert [h.sticky for h in svc.table.held if h.key == "k"] == [True, False]
+    assert svc.put_end("c0", "k") == E.OBJECT_NOT_FOUND  # the retry's late end frees H2 only
+    assert [h.sticky for h in svc.table.held if h.key == "k"] == [True]
+    code, r = svc.reserve_space("c0", 16 * KiB, 4 * KiB, PutConfig(preferred_segments=("h1",)))
+    assert code == E.OK
+    clock.t += 3
+    svc.tick()  # idle: the block goes, its rest held until now + the discard timeout
+    assert r.id not in svc.reservations
+    rest = [h for h in svc.table.held if h.key == ""]
+    assert len(rest) == 1 and rest[0].release_at == pytest.approx(clock.t + 5) and rest[0].writer == "c0"
+    assert svc.unmount_segment("c0", "a") == E.OK  # H1 keeps its replica on b only
+    other, _ = restored(tmp_path, clock, **cfg)
+    assert comparable(other) == comparable(svc)
+    clock.t += 60
+    svc.tick()  # every hold runs out: the ReleaseHeld names match on the restored master too
+    assert svc.table.held == []
+    other2, _ = restored(tmp_path, clock, **cfg)
+    assert other2.table.held == [] and comparable(other2) == comparable(svc)

@@ -113,7 +113,7 @@ def test_step_down_after_take_over_keeps_exactly_the_log_plus_held_records(etcd)
     assert c._unlogged and [r["lsn"] for r in c._unlogged] == [1, 2, 3]
     def durable_part(state):  # times are wall-clock conversions of monotonic ones: equal to the microsecond
         out = {k: v for k, v in state.items() if k != "taken"}
-        out["held"] = [[k, reps, round(at, 4), w] for k, reps, at, w in out["held"]]
+        out["held"] = [[k, reps, round(at, 4), *rest] for k, reps, at, *rest in out["held"]]
         return out
 
     assert durable_part(durable.snapshot_state(svc)) == durable_part(before)

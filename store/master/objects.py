@@ -132,13 +132,15 @@ class Held:
     version under a read lease; released when the lease ends (``release_at``), never early.
     """
 
-    __slots__ = ("key", "replicas", "release_at", "writer")
+    __slots__ = ("key", "replicas", "release_at", "writer", "sticky")
 
-    def __init__(self, key: str, replicas: tuple[Replica, ...], release_at: float, writer: str = "") -> None:
+    def __init__(self, key: str, replicas: tuple[Replica, ...], release_at: float, writer: str = "",
+                 sticky: bool = False) -> None:
         self.key = key
         self.replicas = replicas
         self.release_at = release_at
         self.writer = writer
+        self.sticky = sticky  # a write into them may still land: the writer's later end/revoke does not free them
 
 
 def replicas_of(value: Replica | tuple[Replica, ...]) -> tuple[Replica, ...]:

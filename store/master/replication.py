@@ -178,7 +178,7 @@ class Replicator:
                 # The executor may still be writing the new buffers: held as an abandoned copy's are (the op's
                 # own start time, not a clock: this runs inside the unmount's handler).
                 svc.table.held.append(Held(key, tuple(op.new), op.started + svc.config.put_start_release_timeout_sec,
-                                           op.client_id))
+                                           op.client_id, sticky=True))
             else:
                 op.new = [r for r in op.new if r.segment is not seg]
 

@@ -222,13 +222,15 @@ class ReservationPool:
         return sum(r.end - r.cursor for r in list(self.blocks.values()))
 
     def drop(self, client_id: str | None = None, segment: Segment | None = None,
-             idle_before: float | None = None) -> None:
+             idle_before: float | None = None, idle_hold_until: float = 0.0) -> None:
         """Releases the blocks of `client_id`, on `segment` (no free: it is unmounted), or unused since
-        `idle_before` (ops when called outside a handler)."""
+        `idle_before` (ops when called outside a handler). An idle block's rest is held until `idle_hold_until`
+        (0: freed): a write its client began may still be in flight (a transfer can take its whole timeout)."""
         for r in list(self.blocks.values()):
-            if (r.client_id == client_id or r.segment is segment
-                    or (idle_before is not None and r.last_used < idle_before)):
+            if r.client_id == client_id or r.segment is segment:
                 self._svc._apply(ops.ReleaseReservation(r.id))
+            elif idle_before is not None and r.last_used < idle_before:
+                self._svc._apply(ops.ReleaseReservation(r.id, idle_hold_until))
 
     # -- what the ops' handlers run (apply.py) --------------------------------------------------------------------
     def add(self, rid: int, client_id: str, segment: Segment, start: int, end: int, at: float) -> None:
@@ -254,6 +256,6 @@ class ReservationPool:
         if r is not None and r.end > r.cursor:
             rest = Replica(r.segment, r.cursor, r.end - r.cursor)
             if hold_until:
-                self._svc.table.held.append(Held("", (rest,), hold_until, r.client_id))
+                self._svc.table.held.append(Held("", (rest,), hold_until, r.client_id, sticky=True))
             else:
                 self._svc._free([rest])

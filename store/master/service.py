@@ -268,6 +268,17 @@ class MasterService:
             if not p.replicas:
                 del self.table.pending[key]
                 self.metrics.revoked_puts.labels(reason=reason).inc()
+        if any(r.segment is seg for h in self.table.held for r in h.replicas):
+            # Held entries keep their replicas on mounted segments only (as snapshots do), so that a ReleaseHeld
+            # names each entry (by its first replica) alike on this master and on one restored from a snapshot.
+            kept = []
+            for h in self.table.held:
+                if any(r.segment is seg for r in h.replicas):
+                    h = Held(h.key, tuple(r for r in h.replicas if r.segment is not seg), h.release_at, h.writer,
+                             h.sticky)
+                if h.replicas:
+                    kept.append(h)
+            self.table.held = kept
         self.replicator.on_segment_unmounted(seg)
         _log.info("segment %s (%s) of client %s unmounted (%s)", seg.id, seg.name, seg.client_id, reason)
 
@@ -438,7 +449,7 @@ class MasterService:
         t = self.table
         p = t.pending.get(key)
         if p is None or p.client_id != client_id:
-            if self._release_held(lambda h: h.key == key and h.writer == client_id):
+            if self._release_held(lambda h: h.key == key and h.writer == client_id and not h.sticky):
                 return ErrorCode.OBJECT_NOT_FOUND  # its put was revoked; the late writer's buffers are freed now
             if p is not None:
                 return ErrorCode.ILLEGAL_CLIENT
@@ -473,7 +484,7 @@ class MasterService:
         t = self.table
         p = t.pending.get(key)
         if p is None or p.client_id != client_id:
-            if self._release_held(lambda h: h.key == key and h.writer == client_id):
+            if self._release_held(lambda h: h.key == key and h.writer == client_id and not h.sticky):
                 code = OK  # its put was revoked already; the late writer's buffers are freed now
             else:
                 code = ErrorCode.OBJECT_NOT_FOUND if p is None else ErrorCode.ILLEGAL_CLIENT
@@ -761,7 +772,8 @@ class MasterService:
                 self._discard_locked(key, p, now, "timeout")
             self._release_held(lambda h: h.release_at <= now)
             if self.reservations:
-                self.reservation_pool.drop(idle_before=now - self.config.reservation_idle_sec)
+                self.reservation_pool.drop(idle_before=now - self.config.reservation_idle_sec,
+                                           idle_hold_until=now + self.config.put_start_discard_timeout_sec)
             self.replicator.expire(now)
             self.tasks.expire(now)
             if now >= self._next_purge:
