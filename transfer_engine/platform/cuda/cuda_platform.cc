@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "transfer_engine/common/format.h"
 #include "transfer_engine/platform/cuda/cuda_completion.h"
@@ -620,17 +621,20 @@ class CudaPlatform final : public Platform {
     return unsupported ? Status(st.code(), "fabric handles unsupported: " + st.message()) : st;
   }
 
-  Status SetAccess(CUdeviceptr va, size_t size, int device) const {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return Check(driver_->api().cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess");
+  // Read-write access to [va, va+size) for devices first .. first+count-1.
+  Status SetAccess(CUdeviceptr va, size_t size, int first, int count = 1) const {
+    std::vector<CUmemAccessDesc> access(static_cast<size_t>(count));
+    for (int d = 0; d < count; ++d) {
+      access[d].location = {CU_MEM_LOCATION_TYPE_DEVICE, first + d};
+      access[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    return Check(driver_->api().cuMemSetAccess(va, size, access.data(), access.size()), "cuMemSetAccess");
   }
 
-  // Reserves `size` bytes of address space and maps `vmm` there for `device`; the address, or an error with
-  // everything undone except `vmm` (the caller's).
-  StatusOr<CUdeviceptr> MapVmm(CUmemGenericAllocationHandle vmm, size_t size, int device) {
+  // Reserves `size` bytes of address space and maps `vmm` there for `device`, or (`every_device`, imports: the
+  // copy runs on the local buffer's device, not the exporter's ordinal) for every device of this process where
+  // the driver allows it (else `device` only); the address, or an error with all undone except `vmm`.
+  StatusOr<CUdeviceptr> MapVmm(CUmemGenericAllocationHandle vmm, size_t size, int device, bool every_device = false) {
     const auto& api = driver_->api();
     CUdeviceptr va = 0;
     MC_RETURN_IF_ERROR(Check(api.cuMemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve", ErrorCode::kMemory));
@@ -639,7 +643,8 @@ class CudaPlatform final : public Platform {
       api.cuMemAddressFree(va, size);
       return st;
     }
-    st = SetAccess(va, size, device);
+    const bool all = every_device && device_count_ > 1 && SetAccess(va, size, 0, device_count_).ok();
+    st = all ? Status::Ok() : SetAccess(va, size, device);
     if (!st.ok()) {
       api.cuMemUnmap(va, size);
       api.cuMemAddressFree(va, size);
@@ -710,7 +715,7 @@ class CudaPlatform final : public Platform {
       close(*fd);  // the imported handle holds the memory
       MC_RETURN_IF_ERROR(Check(r, "cuMemImportFromShareableHandle", ErrorCode::kInvalidArgument));
     }
-    StatusOr<CUdeviceptr> va = MapVmm(m.vmm, h.allocation_size, device);
+    StatusOr<CUdeviceptr> va = MapVmm(m.vmm, h.allocation_size, device, /*every_device=*/true);
     if (!va.ok()) {
       api.cuMemRelease(m.vmm);
       return va.status();

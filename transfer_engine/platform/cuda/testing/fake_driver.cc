@@ -407,8 +407,9 @@ CUresult FakeMemUnmap(CUdeviceptr va, size_t size) {
 CUresult FakeMemSetAccess(CUdeviceptr va, size_t, const CUmemAccessDesc* desc, size_t count) {
   if (CUresult r = Ready(false)) return r;
   std::lock_guard<std::mutex> lock(mu);
-  if (regions.count(va) == 0 || count != 1 || desc->location.id < 0 || desc->location.id >= devices) {
-    return CUDA_ERROR_INVALID_VALUE;
+  if (regions.count(va) == 0 || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {  // one descriptor per device, each a device of this fake
+    if (desc[i].location.id < 0 || desc[i].location.id >= devices) return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
