@@ -1,6 +1,8 @@
 #include "transfer_engine/transport/nvlink/nvlink_transport.h"
 
+#include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -39,58 +41,61 @@ class FabricPeerEpochs final : public device_ipc::PeerEpochs {
  public:
   FabricPeerEpochs(std::shared_ptr<Platform> platform, device_ipc::EpochFields fields)
       : PeerEpochs("nvlink", std::move(fields)), platform_(std::move(platform)) {}
-  ~FabricPeerEpochs() override {
-    for (auto& [instance, t] : tables_) (void)platform_->CloseFabric(t.base, kEpochTableBytes);
-  }
 
   void Forget(const std::string& segment_name) override {
     std::lock_guard lock(mu_);
     for (auto it = tables_.begin(); it != tables_.end();) {
-      if (it->second.segment == segment_name) {
-        (void)platform_->CloseFabric(it->second.base, kEpochTableBytes);
-        it = tables_.erase(it);
-      } else {
-        ++it;
-      }
+      it = it->second.segment == segment_name ? tables_.erase(it) : std::next(it);  // unmapped by its last reader
     }
   }
 
  protected:
   StatusOr<uint64_t> Read(const SegmentDescriptor& desc, const std::string& instance, uint32_t slot) override {
-    std::lock_guard lock(mu_);  // held through the read: Forget cannot unmap the table under it
-    char* base = nullptr;
+    std::shared_ptr<Table> table;
     {
+      std::lock_guard lock(mu_);  // only to find or import the table: the read below runs without it
       auto it = tables_.find(instance);
       if (it == tables_.end()) {
+        Entry entry{desc.name, nullptr, Status::Ok()};
         const std::optional<std::string> hex = JsonString(desc.json, kEpochTableField);
-        if (!hex) {
-          return Status(ErrorCode::kMalformedJson, "nvlink: segment '" + desc.name + "' publishes no epoch table");
+        auto handle = hex ? device_ipc::HandleFromHex(*hex)
+                          : StatusOr<std::string>(Status(ErrorCode::kMalformedJson, "nvlink: segment '" + desc.name +
+                                                                                        "' publishes no epoch table"));
+        auto mapped = handle.ok() ? platform_->ImportFabric(*handle, kEpochTableBytes) : handle.status();
+        if (mapped.ok()) {
+          entry.table = std::make_shared<Table>(platform_, static_cast<char*>(*mapped));
+        } else {  // remembered for this peer instance (until Forget): not imported again for every slice
+          entry.failure = handle.ok() ? Status(mapped.status().code(), "nvlink: importing the epoch table of '" +
+                                                                           desc.name + "': " + mapped.status().message())
+                                      : handle.status();
         }
-        auto handle = device_ipc::HandleFromHex(*hex);
-        if (!handle.ok()) return handle.status();
-        auto mapped = platform_->ImportFabric(*handle, kEpochTableBytes);
-        if (!mapped.ok()) {
-          return Status(mapped.status().code(), "nvlink: importing the epoch table of '" + desc.name +
-                                                    "': " + mapped.status().message());
-        }
-        it = tables_.emplace(instance, Imported{desc.name, static_cast<char*>(*mapped)}).first;
+        it = tables_.emplace(instance, std::move(entry)).first;
       }
-      base = it->second.base;
+      if (!it->second.table) return it->second.failure;
+      table = it->second.table;
     }
     uint64_t value = 0;
-    Status st = CopyAndWait(*platform_, &value, base + slot * sizeof(uint64_t), sizeof(value));
+    Status st = CopyAndWait(*platform_, &value, table->base + slot * sizeof(uint64_t), sizeof(value));
     if (!st.ok()) return Status(st.code(), "nvlink: reading the epoch of '" + desc.name + "': " + st.message());
     return value;
   }
 
  private:
-  struct Imported {
-    std::string segment;
+  /// One peer instance's imported epoch table; unmapped when the last holder (the map, a read in progress) lets go.
+  struct Table {
+    Table(std::shared_ptr<Platform> p, char* b) : platform(std::move(p)), base(b) {}
+    ~Table() { (void)platform->CloseFabric(base, kEpochTableBytes); }
+    std::shared_ptr<Platform> platform;
     char* base;
+  };
+  struct Entry {
+    std::string segment;
+    std::shared_ptr<Table> table;  // null: the import failed with `failure`
+    Status failure;
   };
   std::shared_ptr<Platform> platform_;
   std::mutex mu_;
-  std::map<std::string, Imported> tables_;  // by peer instance
+  std::map<std::string, Entry> tables_;  // by peer instance
 };
 
 }  // namespace
