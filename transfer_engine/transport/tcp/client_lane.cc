@@ -385,10 +385,11 @@ void ClientLane::Abort(const Status& why, bool reroute) {
 void ClientLane::CloseLocked(const Status& why, bool reroute, Outcome* out) {
   if (fd_ >= 0) {
     loop_->Remove(fd_);
-    if (reroute && !pending_.empty()) {
-      // Reset rather than close: the target drops what it has not read yet instead of applying a WRITE
-      // whose slice is about to be retried on another path (the retry may finish first, then the caller
-      // may reuse its buffer: stale bytes must not land after that).
+    if (!pending_.empty()) {
+      // Reset rather than close while slices are unanswered: the target drops what it has not read yet
+      // instead of applying a WRITE whose slice is retried on another path or has failed (either way the
+      // caller may reuse its buffer, and the target's range may be handed to someone else: stale bytes must
+      // not land after that). A WRITE the target already read is applied; nothing here can stop that.
       linger reset{1, 0};
       setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
     }
