@@ -302,7 +302,7 @@ class ReservedPuts:
     def _release(self, block: _Block, unsettled: bool = False) -> None:
         """Gives the block back; `unsettled`: a write into it failed and may still land (held by the master)."""
         if block.end > block.cursor:
-            self._core._rpc("ReleaseSpace", reservation_id=block.rid, **({"unsettled": True} if unsettled else {}))
+            self._core._rpc("ReleaseSpace", reservation_id=block.rid, unsettled=unsettled)
 
     def release_all(self) -> None:
         """Frees every pooled block (close)."""

@@ -141,7 +141,7 @@ class SessionAPI:
             taken = table.seal(keys)
             if self._cfg is not None:
                 unsettled = [k for i, k in enumerate(keys) if i in taken and taken[i].unsettled]
-                settled = [k for k in keys if k not in set(unsettled)]
+                settled = [k for i, k in enumerate(keys) if not (i in taken and taken[i].unsettled)]
                 if settled:
                     self._rpc("BatchPutRevoke", keys=settled)
                 if unsettled:
@@ -386,8 +386,7 @@ class SessionAPI:
             idx = sorted(i for i, s in taken.items() if s.unsettled == unsettled)
             if not idx:
                 continue
-            reply = self._rpc("BatchPutRevoke", keys=[keys[i] for i in idx],
-                              **({"unsettled": True} if unsettled else {}))
+            reply = self._rpc("BatchPutRevoke", keys=[keys[i] for i in idx], unsettled=unsettled)
             with table.lock:
                 for j, i in enumerate(idx):
                     out[i] = reply if isinstance(reply, int) else reply.codes[j]

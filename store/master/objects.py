@@ -220,6 +220,21 @@ class ObjectTable:
         self.hard_pins.discard(key)
         return () if value is None else replicas_of(value)
 
+    def unhold_segment(self, seg) -> None:
+        """Drops the replicas on `seg` (being unmounted) from the held entries, and entries left with none: held
+        entries keep replicas on mounted segments only (as snapshots do), so a ReleaseHeld names each entry (by its
+        first replica) alike on every master, one restored from a snapshot included."""
+        if not any(r.segment is seg for h in self.held for r in h.replicas):
+            return
+        kept = []
+        for h in self.held:
+            if any(r.segment is seg for r in h.replicas):
+                h = Held(h.key, tuple(r for r in h.replicas if r.segment is not seg), h.release_at, h.writer,
+                         h.sticky)
+            if h.replicas:
+                kept.append(h)
+        self.held = kept
+
     def purge_expired(self, now: float) -> None:
         """Drops expired lease and soft-pin entries (O(entries); the master runs it about once a second)."""
         for table in (self.leases, self.soft_pins):

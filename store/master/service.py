@@ -268,17 +268,7 @@ class MasterService:
             if not p.replicas:
                 del self.table.pending[key]
                 self.metrics.revoked_puts.labels(reason=reason).inc()
-        if any(r.segment is seg for h in self.table.held for r in h.replicas):
-            # Held entries keep their replicas on mounted segments only (as snapshots do), so that a ReleaseHeld
-            # names each entry (by its first replica) alike on this master and on one restored from a snapshot.
-            kept = []
-            for h in self.table.held:
-                if any(r.segment is seg for r in h.replicas):
-                    h = Held(h.key, tuple(r for r in h.replicas if r.segment is not seg), h.release_at, h.writer,
-                             h.sticky)
-                if h.replicas:
-                    kept.append(h)
-            self.table.held = kept
+        self.table.unhold_segment(seg)
         self.replicator.on_segment_unmounted(seg)
         _log.info("segment %s (%s) of client %s unmounted (%s)", seg.id, seg.name, seg.client_id, reason)
 
@@ -351,19 +341,7 @@ class MasterService:
         timeout), so each key goes as a discarded put does: its buffers are held, not freed for reuse."""
         with self._lock:
             now = self._clock()
-            if not unsettled:
-                return [self._revoke_locked(client_id, k, now) for k in keys]
-            out = []
-            for k in keys:
-                p = self.table.pending.get(k)
-                if p is not None and p.client_id == client_id:
-                    self._discard_locked(k, p, now, "writer_failed")
-                    code = OK
-                else:
-                    code = ErrorCode.OBJECT_NOT_FOUND if p is None else ErrorCode.ILLEGAL_CLIENT
-                self.metrics.count("put_revoke", code)
-                out.append(code)
-            return out
+            return [self._revoke_locked(client_id, k, now, unsettled) for k in keys]
 
     def _check_key(self, key: str) -> ErrorCode:
         if not key:
@@ -477,17 +455,21 @@ class MasterService:
             size = self._sizes.setdefault(size, size)
         return size
 
-    def _revoke_locked(self, client_id: str, key: str, now: float) -> ErrorCode:
+    def _revoke_locked(self, client_id: str, key: str, now: float, unsettled: bool = False) -> ErrorCode:
         if not key:  # as in _end_checked
             self.metrics.count("put_revoke", ErrorCode.INVALID_PARAMS)
             return ErrorCode.INVALID_PARAMS
         t = self.table
         p = t.pending.get(key)
         if p is None or p.client_id != client_id:
-            if self._release_held(lambda h: h.key == key and h.writer == client_id and not h.sticky):
+            if not unsettled and self._release_held(lambda h: h.key == key and h.writer == client_id and
+                                                    not h.sticky):
                 code = OK  # its put was revoked already; the late writer's buffers are freed now
             else:
                 code = ErrorCode.OBJECT_NOT_FOUND if p is None else ErrorCode.ILLEGAL_CLIENT
+        elif unsettled:  # its writes may still land: the key goes, its buffers are held (sticky)
+            self._discard_locked(key, p, now, "writer_failed")
+            code = OK
         else:
             self._apply(ops.PutRevoke(key))
             self.metrics.revoked_puts.labels(reason="client").inc()
