@@ -5,7 +5,6 @@
 // with FAKE_CUDA_FABRIC=no-imex, the refusals keep the driver's reason.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "transfer_engine/platform/cuda/cuda_platform.h"
+#include "transfer_engine/platform/testing/run_self.h"
 
 extern char** environ;
 
@@ -84,52 +84,13 @@ const bool kIsChild = [] {
   _exit(rc);
 }();
 
-struct ChildResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-// Runs this binary as the child with `vars` added to the environment.
-ChildResult RunChild(const std::vector<std::string>& vars) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.insert(env_strings.end(), vars.begin(), vars.end());
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  int pipefd[2];
-  EXPECT_EQ(pipe2(pipefd, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 2);
-  char self[] = "/proc/self/exe";
-  char* argv[] = {self, nullptr};
-  pid_t child = -1;
-  const int rc = posix_spawn(&child, self, &actions, nullptr, argv, envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipefd[1]);
-  ChildResult r;
-  if (rc != 0) {
-    close(pipefd[0]);
-    r.out = std::string("posix_spawn: ") + strerror(rc);
-    return r;
-  }
-  char buf[512];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(child, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using testing::ChildResult;
 
 ChildResult Import(const std::string& handle, size_t length, int expect, int write) {
   std::vector<std::string> vars = {"MC_FABRIC_HANDLE=" + handle, "MC_FABRIC_LENGTH=" + std::to_string(length),
                                    "MC_FABRIC_WRITE=" + std::to_string(write)};
   if (expect >= 0) vars.push_back("MC_FABRIC_EXPECT=" + std::to_string(expect));
-  return RunChild(vars);
+  return testing::RunSelf(vars);
 }
 
 // Sets fake-driver knobs for one test (each platform's Init reads them at cuInit); restores them after.

@@ -2,6 +2,7 @@
 // of testing/fake_driver.cc, which checks the platform's discipline (cuInit first, a current context, copies on
 // real streams of that context) the way the real driver would. Cross-process IPC runs this binary again as the importing child.
 #include "transfer_engine/platform/cuda/cuda_platform.h"
+#include "transfer_engine/platform/testing/run_self.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -106,47 +107,11 @@ const bool kIsChild = [] {
   _exit(rc);
 }();
 
-struct ChildResult {
-  int exit_code = -1;
-  std::string out;
-};
+using testing::ChildResult;
 
 ChildResult RunChild(const std::string& handle, int pid, size_t length, int pattern) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back("MC_TEST_HANDLE=" + handle);
-  env_strings.push_back("MC_TEST_PID=" + std::to_string(pid));
-  env_strings.push_back("MC_TEST_LENGTH=" + std::to_string(length));
-  env_strings.push_back("MC_TEST_PATTERN=" + std::to_string(pattern));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  int pipefd[2];
-  EXPECT_EQ(pipe2(pipefd, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 2);
-  char self[] = "/proc/self/exe";
-  char* argv[] = {self, nullptr};
-  pid_t child = -1;
-  int rc = posix_spawn(&child, self, &actions, nullptr, argv, envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipefd[1]);
-  ChildResult r;
-  if (rc != 0) {
-    close(pipefd[0]);
-    r.out = std::string("posix_spawn: ") + strerror(rc);
-    return r;
-  }
-  char buf[512];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(child, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return testing::RunSelf({"MC_TEST_HANDLE=" + handle, "MC_TEST_PID=" + std::to_string(pid),
+                           "MC_TEST_LENGTH=" + std::to_string(length), "MC_TEST_PATTERN=" + std::to_string(pattern)});
 }
 
 // A running ImporterMain child.
