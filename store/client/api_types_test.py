@@ -64,7 +64,7 @@ GOOD = {
 }
 NO_ARGS = {"close", "health_check", "get_hostname"}
 SETUPS = {"setup", "setup_dummy"}  # tested in test_setup_types / standalone_test.py (a good call sets up)
-INTERNAL = {"put_many", "get_many", "read_many", "fast_read", "fast_get_into", "cache_clear"}  # for the mixins
+INTERNAL = {"put_many", "put_one", "get_many", "read_many", "fast_read", "fast_get_into", "cache_clear"}  # for the mixins
 
 # A plausible wrong value per parameter name (every parameter also gets object(), wrong for every kind).
 WRONG = {

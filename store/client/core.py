@@ -626,6 +626,26 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
             done.append(a)
         return regions, lambda: [engine.unregister_memory(d) for d in done]
 
+    @while_open(lambda *_, **__: NOT_READY)
+    def put_one(self, key: str, source: list, registered: bool, config: ReplicateConfig | None,
+                upsert: bool = False) -> int:
+        """put_many for one key (0 / negative): the hot path of small puts, without the per-key lists."""
+        config = config if config is not None else ReplicateConfig()
+        code = config.validate()
+        if code != OK:
+            _log.error("put: invalid ReplicateConfig %s", config)
+            return code
+        size = source[0][1] if len(source) == 1 else sum(n for _, n in source)
+        why = key_error(key) or (None if size > 0 else "value must not be empty")
+        if why:
+            _log.error("put: %s", why)
+            return int(ErrorCode.INVALID_PARAMS)
+        if not upsert:
+            code = self._reserved.put(key, size, source, registered, config)
+            if code is not None:
+                return code
+        return self._put_two_calls([key], [size], [source], registered, config, upsert, False, [0], [OK])[0]
+
     @while_open(all_failed)
     def put_many(self, keys: list[str], sources: list, registered: bool, config: ReplicateConfig | None,
                  upsert: bool = False, promote: bool = False) -> list[int]:
@@ -662,6 +682,13 @@ class StoreCore(ReadPathMixin, DiskLinkMixin):
                 for i, c in zip(to_put, codes):
                     results[i] = c
                 return results
+        return self._put_two_calls(keys, sizes, sources, registered, config, upsert, promote, to_put, results)
+
+    def _put_two_calls(self, keys: list[str], sizes: list[int], sources: list, registered: bool,
+                       config: ReplicateConfig, upsert: bool, promote: bool, to_put: list[int],
+                       results: list[int]) -> list[int]:
+        """put_many's general way for keys[i], i in to_put (validated): Put/UpsertStart, the writes, End (or
+        Revoke); fills `results` and returns it. Called between _enter and _leave."""
         if upsert:
             self._cache_drop(keys[i] for i in to_put)
         prefix = "BatchUpsert" if upsert else "BatchPut"

@@ -128,37 +128,32 @@ class ReservedPuts:
         return None
 
     def _write_one(self, block: _Block, size: int, source: list, registered: bool) -> bool:
-        """Writes the regions of `source` back to back at the block's cursor; True when it worked. The
-        general path (core._pin, core._transfer) for anything but one region to another client's segment."""
+        """Writes the regions of `source` back to back at the block's cursor; True when it worked. Called
+        between core._enter and _leave (put_one / put_many), so close waits for the write. One region to
+        another client's segment is the hot path (a staging copy, one engine write); anything else goes the
+        general way (core._pin, core._move_contiguous)."""
         core = self._core
         seg = block.segment
         engine = core._engine
-        if len(source) != 1 or core._is_mine(seg) or engine is None or seg.segment_name == core._segment_name:
+        staged = None
+        if len(source) == 1 and engine is not None and not core._is_mine(seg) \
+                and seg.segment_name != core._segment_name:
+            addr, n = source[0]
+            if registered:
+                staged = addr
+            elif n < ZERO_COPY_MIN:
+                staged = core._staging.alloc(n)
+                if staged is not None:
+                    ctypes.memmove(staged, addr, n)
+        if staged is None:
             pinned = core._pin(source, registered, not core._is_mine(seg), write_out=False)
             return pinned is not None and core._move_contiguous(seg, block.cursor, *pinned, write=True)
-        if not core._enter():  # close waits for this write before it unmaps what it touches
-            return False
-        try:
-            return self._write_one_guarded(core, engine, seg, block, source, registered)
-        finally:
-            core._leave()
-
-    def _write_one_guarded(self, core, engine, seg, block: _Block, source: list, registered: bool) -> bool:
-        addr, n = source[0]
-        staged = None
-        if not registered:
-            staged = core._staging.alloc(n) if n < ZERO_COPY_MIN else None
-            if staged is None:
-                pinned = core._pin(source, registered, True, write_out=False)
-                return pinned is not None and core._move_contiguous(seg, block.cursor, *pinned, write=True)
-            ctypes.memmove(staged, addr, n)
-            addr = staged
-        rc = engine.transfer_sync_write(seg.segment_name, addr, block.cursor, n)
+        rc = engine.transfer_sync_write(seg.segment_name, staged, block.cursor, n)
         if rc != 0:
             # The write may still be in flight: its staging is not reused (leaked, bounded by failures).
             _log.warning("transfer to segment %s failed (rc %d); its staging is kept aside", seg.segment_name, rc)
             return False
-        if staged is not None:
+        if not registered:
             core._staging.free(staged)
         return True
 

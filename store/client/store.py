@@ -207,7 +207,7 @@ class MooncakeDistributedStore(SessionAPI, TensorAPI, TaskAPI, StoreCore):
         regions = _values(parts, op)
         if regions is None:
             return _INVALID
-        return self.put_many([key], [regions], False, config, upsert)[0]
+        return self.put_one(key, regions, False, config, upsert)
 
     @typed(keys=KEYS, values=seq(VALUE), config=CONFIG)
     def put_batch(self, keys, values, config: ReplicateConfig | None = None) -> int:

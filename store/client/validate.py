@@ -127,11 +127,16 @@ def SIZE(v):
         raise Wrong("an int or a size string like '16MB'", v) from None
 
 
+_CONFIG_TYPE: list = []  # [ReplicateConfig], imported on first use (config imports this module)
+
+
 def CONFIG(v):
     if v is None:
         return v
-    from mooncake.store.client.config import ReplicateConfig  # config imports this module
-    if isinstance(v, ReplicateConfig):
+    if not _CONFIG_TYPE:
+        from mooncake.store.client.config import ReplicateConfig
+        _CONFIG_TYPE.append(ReplicateConfig)
+    if isinstance(v, _CONFIG_TYPE[0]):
         return v
     raise Wrong("a ReplicateConfig or None", v)
 

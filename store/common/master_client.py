@@ -66,6 +66,7 @@ from mooncake.store.proto import mooncake_master_pb2_grpc as pb_grpc
 _log = logging.getLogger("mooncake.store.master.client")
 _SERVICE = pb.DESCRIPTOR.services_by_name["MasterService"]
 _REQUEST_TYPES = {m.name: getattr(pb, m.input_type.name) for m in _SERVICE.methods}
+_WITH_CLIENT_ID = frozenset(name for name, t in _REQUEST_TYPES.items() if "client_id" in t.DESCRIPTOR.fields_by_name)
 
 # Calls that may be resent after a broken connection whatever became of the first attempt: reads (a second
 # lookup grants one more lease, nothing else) and calls whose repetition answers OK without another effect.
@@ -221,7 +222,7 @@ class MasterClient:
             req_type = _REQUEST_TYPES[method]
         except KeyError:
             raise ValueError(f"unknown master RPC {method!r}") from None
-        if "client_id" in req_type.DESCRIPTOR.fields_by_name and "client_id" not in fields:
+        if method in _WITH_CLIENT_ID and "client_id" not in fields:
             fields["client_id"] = self.client_id
         request = req_type(**fields)
         deadline = time.monotonic() + min(timeout or self.timeout, self.timeout)
@@ -257,13 +258,15 @@ class MasterClient:
     def _send(self, method: str, request, deadline: float):
         """One attempt: the fast path when in use (a connection that cannot be opened falls through to gRPC),
         else gRPC, which waits for the channel to (re)connect until `deadline`."""
-        self._follow_leader(deadline)
+        if self._directory is not None:
+            self._follow_leader(deadline)
         left = max(_MIN_ATTEMPT_SEC, deadline - time.monotonic())
         fast = self._fast
         if fast is not None:
             try:
                 reply = fast.call(method, request, left)
-                self._reply_view = fast.last_view()
+                if self._directory is not None:  # the only reader of _reply_view (call)
+                    self._reply_view = fast.last_view()
                 return reply
             except FastRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
