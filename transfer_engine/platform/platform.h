@@ -53,6 +53,9 @@ enum class AllocationKind : uint8_t {
   kFabric,          ///< device memory exportable to processes of other hosts of one NVLink domain (ExportFabric)
 };
 
+/// How an ImportFabric mapping may be accessed by this process's devices.
+enum class FabricAccess : uint8_t { kReadWrite = 0, kReadOnly };
+
 /// A dma-buf exported by Platform::ExportDmabuf: `fd` is a dma-buf file descriptor of this process whose byte
 /// `offset` is the first byte of the exported range (the dma-buf may start before it and end after it, rounded
 /// to pages).
@@ -167,11 +170,19 @@ class Platform {
   }
   /// Maps the first `length` bytes of a handle ExportFabric made (in any process of the domain, this one
   /// included); the mapping's local address, device memory of this platform, accessible to this process's
-  /// devices. The mapping keeps the memory alive after the exporter frees it. CloseFabric undoes one import.
+  /// devices with `access`: kReadWrite, or kReadOnly (a write through the mapping faults; CUDA:
+  /// CU_MEM_ACCESS_FLAGS_PROT_READ; the host emulation: a PROT_READ mapping). Imports of one allocation with
+  /// different access are separate mappings. The mapping keeps the memory alive after the exporter frees it.
+  /// CloseFabric undoes one import.
   /// Errors: as ExportFabric's, and kInvalidArgument for a handle that is malformed, of another platform, or
   /// shorter than `length`; kNotFound when the exported memory is gone. Thread-safe.
-  virtual StatusOr<void*> ImportFabric(const std::string& /*handle*/, size_t /*length*/) {
+  virtual StatusOr<void*> ImportFabric(const std::string& /*handle*/, size_t /*length*/, FabricAccess /*access*/) {
     return Status(ErrorCode::kNotImplemented, "fabric handles unsupported: " + name() + " platform has none");
+  }
+  /// ImportFabric read-write. Not virtual (implementations override the form above and re-export this one with
+  /// `using`).
+  StatusOr<void*> ImportFabric(const std::string& handle, size_t length) {
+    return ImportFabric(handle, length, FabricAccess::kReadWrite);
   }
   /// Unmaps an ImportFabric mapping (`length` as imported); kInvalidArgument for anything else.
   virtual Status CloseFabric(void* /*mapped*/, size_t /*length*/) {

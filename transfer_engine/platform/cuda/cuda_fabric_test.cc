@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <climits>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -158,6 +160,59 @@ TEST(CudaFabricTest, ExportHereImportInAnotherProcessBothWays) {
   EXPECT_NE(stale.out.find("cuMemImportFromShareableHandle(FABRIC) failed: CUDA_ERROR_INVALID_VALUE"),
             std::string::npos)
       << stale.out;
+}
+
+// The permissions ("rw-s", "r--s") /proc/self/maps gives the mapping holding `p`; "" when none.
+std::string MapsPermissions(const void* p) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (f == nullptr) return "";
+  char line[512];
+  std::string perms;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (perms.empty() && fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char mode[8] = {};
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, mode) == 3 && at >= lo && at < hi) perms = mode;
+  }
+  fclose(f);
+  return perms;
+}
+
+// FabricAccess::kReadOnly sets CU_MEM_ACCESS_FLAGS_PROT_READ (the fake maps it PROT_READ): reads work, a write
+// faults; a read-write import of the same allocation is a mapping of its own.
+TEST(CudaFabricTest, AReadOnlyImportCannotBeWritten) {
+  FakeEnv env("FAKE_CUDA_FABRIC", "1");
+  auto p = MakeCudaPlatform({FakeDriver()});
+  ASSERT_TRUE(p->Probe().usable);
+  constexpr size_t kLen = 4096;
+  auto fabric = p->Allocate(kLen, AllocationKind::kFabric, 0);
+  ASSERT_TRUE(fabric.ok()) << fabric.status().ToString();
+  auto put = p->CopyAsync(*fabric, "epochs", 6, -1);
+  ASSERT_TRUE(put.ok() && (*put)->Wait().ok());
+  auto handle = p->ExportFabric(*fabric, kLen);
+  ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+  auto ro = p->ImportFabric(*handle, kLen, FabricAccess::kReadOnly);
+  auto rw = p->ImportFabric(*handle, kLen);
+  ASSERT_TRUE(ro.ok() && rw.ok()) << ro.status().ToString() << rw.status().ToString();
+  EXPECT_NE(*ro, *rw);
+  EXPECT_EQ(MapsPermissions(*ro).substr(0, 3), "r--");
+  EXPECT_EQ(MapsPermissions(*rw).substr(0, 3), "rw-");
+  char got[6] = {};
+  auto read = p->CopyAsync(got, *ro, sizeof(got), -1);
+  ASSERT_TRUE(read.ok() && (*read)->Wait().ok());
+  EXPECT_EQ(memcmp(got, "epochs", 6), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    static_cast<volatile char*>(*ro)[0] = 'x';
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+  EXPECT_EQ(static_cast<char*>(*rw)[0], 'e');
+  EXPECT_TRUE(p->CloseFabric(*ro, kLen).ok());
+  EXPECT_TRUE(p->CloseFabric(*rw, kLen).ok());
+  EXPECT_TRUE(p->Free(*fabric, kLen, AllocationKind::kFabric).ok());
 }
 
 TEST(CudaFabricTest, AForgedHandleIsRefused) {

@@ -344,7 +344,8 @@ class CudaPlatform final : public Platform {
     return h.Encode();
   }
 
-  StatusOr<void*> ImportFabric(const std::string& handle, size_t length) override {
+  using Platform::ImportFabric;
+  StatusOr<void*> ImportFabric(const std::string& handle, size_t length, FabricAccess access) override {
     MC_RETURN_IF_ERROR(Init());
     StatusOr<CudaIpcHandle> h = CudaIpcHandle::Decode(handle);
     if (!h.ok()) return h.status();
@@ -353,27 +354,27 @@ class CudaPlatform final : public Platform {
       return InvalidArgument("cuda: cannot import " + std::to_string(length) + " bytes of a handle for " +
                              std::to_string(h->length));
     }
-    return ImportDecoded(*h, length);
+    return ImportDecoded(*h, length, access == FabricAccess::kReadOnly);
   }
 
   // CloseIpc undoes fabric imports as well (one bookkeeping for both).
   Status CloseFabric(void* mapped, size_t length) override { return CloseIpc(mapped, length); }
 
-  // The import of a checked handle (ImportIpc, ImportFabric): one mapping per exported allocation.
-  StatusOr<void*> ImportDecoded(const CudaIpcHandle& decoded, size_t length) {
+  // The import of a checked handle (ImportIpc, ImportFabric): one mapping per exported allocation and access.
+  StatusOr<void*> ImportDecoded(const CudaIpcHandle& decoded, size_t length, bool read_only = false) {
     const CudaIpcHandle* h = &decoded;
     const int device = h->device < device_count_ ? h->device : 0;
     // One mapping per exported allocation: the handle without its range.
     CudaIpcHandle whole = *h;
     whole.offset = 0;
     whole.length = 1;
-    const std::string key = whole.Encode();
+    const std::string key = whole.Encode() + (read_only ? ":read-only" : "");
 
     ContextScope scope(driver_->api());
     std::lock_guard<std::mutex> lock(import_mu_);
     auto m = mappings_.find(key);
     if (m == mappings_.end()) {
-      StatusOr<Mapping> mapped = Map(*h, device);
+      StatusOr<Mapping> mapped = Map(*h, device, read_only);
       if (!mapped.ok()) return mapped.status();
       m = mappings_.emplace(key, *mapped).first;
     }
@@ -621,20 +622,22 @@ class CudaPlatform final : public Platform {
     return unsupported ? Status(st.code(), "fabric handles unsupported: " + st.message()) : st;
   }
 
-  // Read-write access to [va, va+size) for devices first .. first+count-1.
-  Status SetAccess(CUdeviceptr va, size_t size, int first, int count = 1) const {
+  // Read-write (or `read_only`) access to [va, va+size) for devices first .. first+count-1.
+  Status SetAccess(CUdeviceptr va, size_t size, int first, int count = 1, bool read_only = false) const {
     std::vector<CUmemAccessDesc> access(static_cast<size_t>(count));
     for (int d = 0; d < count; ++d) {
       access[d].location = {CU_MEM_LOCATION_TYPE_DEVICE, first + d};
-      access[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access[d].flags = read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
     return Check(driver_->api().cuMemSetAccess(va, size, access.data(), access.size()), "cuMemSetAccess");
   }
 
   // Reserves `size` bytes of address space and maps `vmm` there for `device`, or (`every_device`, imports: the
   // copy runs on the local buffer's device, not the exporter's ordinal) for every device of this process where
-  // the driver allows it (else `device` only); the address, or an error with all undone except `vmm`.
-  StatusOr<CUdeviceptr> MapVmm(CUmemGenericAllocationHandle vmm, size_t size, int device, bool every_device = false) {
+  // the driver allows it (else `device` only), read-only when `read_only`; the address, or an error with all
+  // undone except `vmm`.
+  StatusOr<CUdeviceptr> MapVmm(CUmemGenericAllocationHandle vmm, size_t size, int device, bool every_device = false,
+                               bool read_only = false) {
     const auto& api = driver_->api();
     CUdeviceptr va = 0;
     MC_RETURN_IF_ERROR(Check(api.cuMemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve", ErrorCode::kMemory));
@@ -643,8 +646,8 @@ class CudaPlatform final : public Platform {
       api.cuMemAddressFree(va, size);
       return st;
     }
-    const bool all = every_device && device_count_ > 1 && SetAccess(va, size, 0, device_count_).ok();
-    st = all ? Status::Ok() : SetAccess(va, size, device);
+    const bool all = every_device && device_count_ > 1 && SetAccess(va, size, 0, device_count_, read_only).ok();
+    st = all ? Status::Ok() : SetAccess(va, size, device, 1, read_only);
     if (!st.ok()) {
       api.cuMemUnmap(va, size);
       api.cuMemAddressFree(va, size);
@@ -677,7 +680,7 @@ class CudaPlatform final : public Platform {
     return Ptr(*va);
   }
 
-  StatusOr<Mapping> Map(const CudaIpcHandle& h, int device) {
+  StatusOr<Mapping> Map(const CudaIpcHandle& h, int device, bool read_only) {
     MC_RETURN_IF_ERROR(EnterDevice(device));
     const auto& api = driver_->api();
     Mapping m;
@@ -715,7 +718,7 @@ class CudaPlatform final : public Platform {
       close(*fd);  // the imported handle holds the memory
       MC_RETURN_IF_ERROR(Check(r, "cuMemImportFromShareableHandle", ErrorCode::kInvalidArgument));
     }
-    StatusOr<CUdeviceptr> va = MapVmm(m.vmm, h.allocation_size, device, /*every_device=*/true);
+    StatusOr<CUdeviceptr> va = MapVmm(m.vmm, h.allocation_size, device, /*every_device=*/true, read_only);
     if (!va.ok()) {
       api.cuMemRelease(m.vmm);
       return va.status();

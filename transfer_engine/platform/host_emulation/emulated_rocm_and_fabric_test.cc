@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -73,6 +75,58 @@ TEST(EmulatedFabricTest, ExportsImportsAndOutlivesTheOwnersFree) {
   EXPECT_EQ(p->ImportFabric(*handle, 10).status().code(), ErrorCode::kNotFound) << "no import after the Free";
   EXPECT_TRUE(p->CloseFabric(*mapped, 5000).ok());
   EXPECT_EQ(p->CloseFabric(*mapped, 5000).code(), ErrorCode::kInvalidArgument);
+}
+
+// The permissions ("rw-s", "r--s") /proc/self/maps gives the mapping holding `p`; "" when none.
+std::string MapsPermissions(const void* p) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (f == nullptr) return "";
+  char line[512];
+  std::string perms;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (perms.empty() && fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char mode[8] = {};
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, mode) == 3 && at >= lo && at < hi) perms = mode;
+  }
+  fclose(f);
+  return perms;
+}
+
+TEST(EmulatedFabricTest, AReadOnlyImportCannotBeWrittenButReads) {
+  auto p = MakeHostEmulationPlatformOf(MemoryType::kCuda, 2);
+  constexpr size_t kLen = 2 * 4096;
+  auto fab = p->Allocate(kLen, AllocationKind::kFabric, 0);
+  ASSERT_TRUE(fab.ok()) << fab.status().ToString();
+  memcpy(*fab, "epochs", 6);
+  auto handle = p->ExportFabric(*fab, kLen);
+  ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+  auto ro = p->ImportFabric(*handle, kLen, FabricAccess::kReadOnly);
+  auto rw = p->ImportFabric(*handle, kLen, FabricAccess::kReadWrite);
+  ASSERT_TRUE(ro.ok() && rw.ok()) << ro.status().ToString() << rw.status().ToString();
+  EXPECT_EQ(MapsPermissions(*ro), "r--s");
+  EXPECT_EQ(MapsPermissions(*rw), "rw-s");
+  char got[6] = {};
+  auto read = p->CopyAsync(got, *ro, sizeof(got), -1);
+  ASSERT_TRUE(read.ok() && (*read)->Wait().ok());
+  EXPECT_EQ(memcmp(got, "epochs", 6), 0);
+  auto write = p->CopyAsync(*ro, "forged", 6, -1);
+  ASSERT_TRUE(write.ok());
+  EXPECT_EQ((*write)->Wait().code(), ErrorCode::kInvalidArgument) << "a device write into a read-only import";
+  EXPECT_EQ(memcmp(*fab, "epochs", 6), 0);
+  // A plain store through it faults (in a child, so the test survives it).
+  pid_t child = fork();
+  if (child == 0) {
+    static_cast<volatile char*>(*ro)[0] = 'x';
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+  EXPECT_EQ(static_cast<char*>(*fab)[0], 'e');
+  EXPECT_TRUE(p->CloseFabric(*ro, kLen).ok());
+  EXPECT_TRUE(p->CloseFabric(*rw, kLen).ok());
+  EXPECT_TRUE(p->Free(*fab, kLen, AllocationKind::kFabric).ok());
 }
 
 TEST(EmulatedFabricTest, AProcessThatExitsWithoutFreeingLeavesNoFabricFile) {

@@ -344,17 +344,19 @@ class HostEmulationPlatform final : public Platform {
       close(*fd);
       return checked;
     }
-    StatusOr<void*> local = MapImported(*fd, h->offset, length, h->device, false);
+    StatusOr<void*> local = MapImported(*fd, h->offset, length, h->device, false, false);
     close(*fd);  // the mapping keeps the memory
     return local;
   }
 
-  // Maps [offset, offset+length) of `fd` as an import of `device`; the local address.
-  StatusOr<void*> MapImported(int fd, uint64_t offset, size_t length, int device, bool fabric) {
+  // Maps [offset, offset+length) of `fd` as an import of `device` (PROT_READ only when `read_only`); the local
+  // address.
+  StatusOr<void*> MapImported(int fd, uint64_t offset, size_t length, int device, bool fabric, bool read_only) {
     const uint64_t start = offset / PageSize() * PageSize();
     const size_t delta = static_cast<size_t>(offset - start);
     const size_t map_length = RoundUpToPage(delta + length);
-    void* base = mmap(nullptr, map_length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+    const int prot = read_only ? PROT_READ : PROT_READ | PROT_WRITE;
+    void* base = mmap(nullptr, map_length, prot, MAP_SHARED, fd, static_cast<off_t>(start));
     if (base == MAP_FAILED) return Errno(ErrorCode::kMemory, "mmap of the imported range");
     void* local = static_cast<char*>(base) + delta;
     std::lock_guard<std::mutex> lock(mu_);
@@ -378,7 +380,8 @@ class HostEmulationPlatform final : public Platform {
     return h.Encode();
   }
 
-  StatusOr<void*> ImportFabric(const std::string& handle, size_t length) override {
+  using Platform::ImportFabric;
+  StatusOr<void*> ImportFabric(const std::string& handle, size_t length, FabricAccess access) override {
     MC_RETURN_IF_ERROR(CheckEnabled());
     StatusOr<host_emulation::EmulationFabricHandle> h = host_emulation::EmulationFabricHandle::Decode(handle);
     if (!h.ok()) return h.status();
@@ -391,7 +394,8 @@ class HostEmulationPlatform final : public Platform {
                              std::to_string(h->length));
     }
     const std::string path = std::string(host_emulation::kFabricDir) + "/" + h->name;
-    int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    const bool read_only = access == FabricAccess::kReadOnly;
+    int fd = open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       return Status(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInvalidArgument,
                     "host_emulation: opening the fabric file " + path + ": " + strerror(errno) +
@@ -405,7 +409,7 @@ class HostEmulationPlatform final : public Platform {
       checked = InvalidArgument("host_emulation: the handle's range ends at byte " + std::to_string(h->offset + length) +
                                 " but " + path + " has " + std::to_string(st.st_size));
     }
-    StatusOr<void*> local = checked.ok() ? MapImported(fd, h->offset, length, h->device, true) : checked;
+    StatusOr<void*> local = checked.ok() ? MapImported(fd, h->offset, length, h->device, true, read_only) : checked;
     close(fd);  // the mapping keeps the memory
     return local;
   }

@@ -45,7 +45,7 @@ inline constexpr const char kPlatformEmulationDeviceEnv[] = "MC_PLATFORM_EMULATI
 /// - ExportFabric (kFabric allocations only; ExportIpc refuses them): the file's name, the range and the device
 ///   (emulation_handle.h). ImportFabric, in any process of this machine that may open the file (same user),
 ///   whatever its network or PID namespace (so across the "hosts" of multi-host tests), opens it by name and maps
-///   it; CloseFabric unmaps. An import made before the owner's Free stays valid; one after it fails (kNotFound).
+///   it (PROT_READ for FabricAccess::kReadOnly, opened O_RDONLY); CloseFabric unmaps. An import made before the owner's Free stays valid; one after it fails (kNotFound).
 ///   Handles of the other memory type are refused. Stands in for CUDA fabric handles (multi-node NVLink).
 /// - ExportDmabuf: for a range of one of its device allocations, a dup of the allocation's memfd (the
 ///   emulation's stand-in for a dma-buf; the caller closes it) and the range's offset in it; kInvalidArgument

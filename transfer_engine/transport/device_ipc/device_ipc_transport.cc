@@ -13,7 +13,20 @@ namespace mooncake::te::device_ipc {
 DeviceIpcTransport::DeviceIpcTransport(DeviceIpcSpec spec)
     : spec_(std::move(spec)), fields_(EpochFields::For(spec_.name)) {}
 
-DeviceIpcTransport::~DeviceIpcTransport() { Stop(); }
+DeviceIpcTransport::~DeviceIpcTransport() {
+  Stop();
+  // Managed buffers the engine did not free: no copy of ours runs any more, and the engine stopped every
+  // transport (so none serves them) before it destroys them.
+  std::map<uintptr_t, size_t> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(managed_);
+  }
+  for (const auto& [addr, length] : left) {
+    Status st = platform_ ? platform_->Free(reinterpret_cast<void*>(addr), length, spec_.managed_kind) : Status::Ok();
+    if (!st.ok()) MC_LOG(kWarning) << Prefixed("freeing a managed buffer at close: " + st.message());
+  }
+}
 
 TransportCapabilities DeviceIpcTransport::capabilities() const {
   TransportCapabilities c;
@@ -158,7 +171,7 @@ bool DeviceIpcTransport::CanReach(const SegmentDescriptor& peer) const {
   return JsonString(peer.json, (spec_.name + "_platform").c_str()).value_or("") == platform_->name() && PeerInReach(peer);
 }
 
-bool DeviceIpcTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Copy* out) {
+bool DeviceIpcTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Copy* out, EpochReads* reads) {
   auto fail = [&](const Status& st, SliceRetry retry = SliceRetry::kOtherPath) {  // kOtherPath: tcp staging may
     {
       std::lock_guard lock(stats_mu_);
@@ -173,7 +186,8 @@ bool DeviceIpcTransport::StartCopy(const SegmentDescriptor& peer, Slice* s, Copy
     return fail(Status(ErrorCode::kAddressNotRegistered,
                        Prefixed(Range(s->remote, s->length) + " is not inside a buffer of '" + peer.name + "'")));
   }
-  Status current = peer_epochs_->Check(peer, *buf);  // the peer did not withdraw this buffer since `peer` was fetched
+  // The peer did not withdraw this buffer since `peer` was fetched (read once per buffer and submission).
+  Status current = peer_epochs_->Check(peer, *buf, reads);
   if (current.code() == ErrorCode::kStaleMetadata) {
     cache_->ForgetBuffer(JsonString(peer.json, "instance").value_or(""), buf->addr);
     return fail(current, SliceRetry::kRefreshPeer);
@@ -246,9 +260,10 @@ std::vector<DeviceIpcTransport::Copy> DeviceIpcTransport::StartAll(const Segment
                                                                    const std::vector<Slice*>& slices) {
   std::vector<Copy> started;
   started.reserve(slices.size());
+  EpochReads reads;  // this submission's: read after it started, shared by its slices
   for (Slice* s : slices) {
     Copy c;
-    if (StartCopy(peer, s, &c)) started.push_back(std::move(c));
+    if (StartCopy(peer, s, &c, &reads)) started.push_back(std::move(c));
   }
   return started;
 }
@@ -303,7 +318,7 @@ bool DeviceIpcTransport::DirectRangeIsOurs(uint64_t addr, uint64_t length) const
 
 StatusOr<void*> DeviceIpcTransport::AllocateManaged(size_t length) {
   if (!platform_) return Status(ErrorCode::kDeviceNotFound, Prefixed(inert_why_));
-  auto p = platform_->Allocate(length, spec_.managed_kind, 0);
+  auto p = platform_->Allocate(length, spec_.managed_kind, ManagedDevice());
   if (!p.ok()) return p.status();
   std::lock_guard lock(mu_);
   managed_[reinterpret_cast<uintptr_t>(*p)] = length;
@@ -326,6 +341,7 @@ Status DeviceIpcTransport::FreeManaged(void* addr, size_t length) {
 nlohmann::json DeviceIpcTransport::Stats() const {
   nlohmann::json out = nlohmann::json::object();
   auto mapped = cache_ ? cache_->CountBySegment() : std::map<std::string, std::pair<size_t, uint64_t>>{};
+  auto reads = peer_epochs_ ? peer_epochs_->ReadCounts() : std::map<std::string, uint64_t>{};
   std::lock_guard lock(stats_mu_);
   for (const auto& [segment, k] : stats_) {
     auto m = mapped.find(segment);
@@ -333,7 +349,8 @@ nlohmann::json DeviceIpcTransport::Stats() const {
                     {"slices", k.slices},
                     {"errors", k.errors},
                     {"mapped", m == mapped.end() ? 0 : m->second.first},
-                    {"imports", m == mapped.end() ? 0 : m->second.second}};
+                    {"imports", m == mapped.end() ? 0 : m->second.second},
+                    {"epoch_reads", reads.count(segment) != 0 ? reads[segment] : 0}};
   }
   return out;
 }

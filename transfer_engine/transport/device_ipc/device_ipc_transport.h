@@ -42,14 +42,20 @@ struct DeviceIpcSpec {
 /// - Without a usable platform of spec.memory in the context it is inert: it declines every region and reaches no
 ///   peer (a derived class may also make itself inert in StartHooks).
 /// - Withdrawn memory: each registered region has its own epoch (LocalEpochs; by default a sealed memfd that
-///   same-host peers map read-only, ProcPeerEpochs), which moves on in WithdrawRegion; before each copy the
-///   initiator compares the target buffer's epoch with the descriptor's and, when it moved, forgets that
-///   buffer's mapping and fails the slice with kStaleMetadata / SliceRetry::kRefreshPeer (the engine refetches
-///   the descriptor, and a range no longer registered fails with kAddressNotRegistered). Copies into the peer's
-///   other buffers go on untouched. An unregistration racing the copy itself is not caught.
+///   same-host peers map read-only, ProcPeerEpochs), which moves on in WithdrawRegion; before the copies of a
+///   submission the initiator compares the target buffer's epoch (read once per submission, see below) with the
+///   descriptor's and, when it moved, forgets that buffer's mapping and fails the slices with kStaleMetadata /
+///   SliceRetry::kRefreshPeer (the engine refetches the descriptor, and a range no longer registered fails with
+///   kAddressNotRegistered). Copies into the peer's other buffers go on untouched. An unregistration racing the
+///   submission or the copy itself is not caught.
 /// - Mappings: at most <P>_MAX_MAPPINGS peer buffers stay mapped (least recently used first; one an in-flight
 ///   copy holds is never unmapped); all of a peer's are dropped on ForgetPeer, one when its handle changes.
-/// - allocate_managed_buffer (when this is the preferred protocol): Platform::Allocate(spec.managed_kind).
+/// - allocate_managed_buffer (when this is the preferred protocol): Platform::Allocate(spec.managed_kind) on
+///   ManagedDevice(). What the engine has not freed (FreeManaged) when the transport is destroyed is freed then
+///   (after Stop: no copy of this transport runs, and the engine stopped all its transports first).
+/// - Epochs are read once per buffer and submission (Submit / SubmitAndDrive call): all its slices into one
+///   buffer share the read, which is made after the submission started, so a withdrawal that completed before it
+///   fails every one of its slices into that buffer.
 ///
 /// Threading: SubmitAndDrive copies and waits on the caller's thread; Submit starts the copies on the caller's
 /// thread and one waiter thread completes the slices in order. The hooks are called from Start (StartHooks,
@@ -79,7 +85,8 @@ class DeviceIpcTransport : public Transport {
   StatusOr<void*> AllocateManaged(size_t length) override;
   Status FreeManaged(void* addr, size_t length) override;
   size_t slice_size() const override { return config_.slice_size; }
-  /// Per peer segment: bytes, slices, errors, buffers "mapped" now and "imports" made (a mapping made once).
+  /// Per peer segment: bytes, slices, errors, buffers "mapped" now, "imports" made (a mapping made once) and
+  /// "epoch_reads" (reads of its epoch table: one per buffer and submission).
   nlohmann::json Stats() const override;
 
  protected:
@@ -97,6 +104,8 @@ class DeviceIpcTransport : public Transport {
   virtual void DescribeEpochs(nlohmann::json& descriptor) const;
   /// Whether `peer` (which names our platform) can be reached. Default: same host_id.
   virtual bool PeerInReach(const SegmentDescriptor& peer) const;
+  /// The device AllocateManaged allocates on. Default: 0.
+  virtual int ManagedDevice() const { return 0; }
 
   const DeviceIpcSpec& spec() const { return spec_; }
   const TransportContext& context() const { return ctx_; }
@@ -112,7 +121,7 @@ class DeviceIpcTransport : public Transport {
     std::string segment;
   };
   /// Starts the slice's copy, or completes it with the error (false).
-  bool StartCopy(const SegmentDescriptor& peer, Slice* s, Copy* out);
+  bool StartCopy(const SegmentDescriptor& peer, Slice* s, Copy* out, EpochReads* reads);
   /// StartCopy of each slice; the copies started.
   std::vector<Copy> StartAll(const SegmentDescriptor& peer, const std::vector<Slice*>& slices);
   void Finish(Copy& c, const Status& st);

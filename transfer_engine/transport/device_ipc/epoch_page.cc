@@ -108,7 +108,12 @@ uint64_t LocalEpochs::value(uint32_t slot) const {
   return slot < kEpochSlots ? values_[slot].load(std::memory_order_acquire) : 0;
 }
 
-Status PeerEpochs::Check(const SegmentDescriptor& desc, const BufferDescriptor& buffer) {
+std::map<std::string, uint64_t> PeerEpochs::ReadCounts() const {
+  std::lock_guard lock(count_mu_);
+  return reads_;
+}
+
+Status PeerEpochs::Check(const SegmentDescriptor& desc, const BufferDescriptor& buffer, EpochReads* reads) {
   const std::string instance = JsonString(desc.json, "instance").value_or("");
   const std::optional<uint64_t> slot = JsonUint(buffer.json, fields_.slot.c_str());
   const std::optional<uint64_t> expected = JsonUint(buffer.json, fields_.value.c_str());
@@ -116,7 +121,16 @@ Status PeerEpochs::Check(const SegmentDescriptor& desc, const BufferDescriptor& 
     return Status(ErrorCode::kMalformedJson, what_ + ": segment '" + desc.name +
                                                  "' publishes no registration epoch its buffer can be checked by");
   }
-  StatusOr<uint64_t> now = Read(desc, instance, static_cast<uint32_t>(*slot));
+  const auto at = static_cast<uint32_t>(*slot);
+  EpochReads own;  // without a submission's reads: this check's alone
+  if (reads == nullptr) reads = &own;
+  auto known = reads->find(at);
+  if (known == reads->end()) {
+    known = reads->emplace(at, Read(desc, instance, at)).first;
+    std::lock_guard lock(count_mu_);
+    ++reads_[desc.name];
+  }
+  const StatusOr<uint64_t>& now = known->second;
   if (!now.ok()) return now.status();
   if (*now != *expected) {
     return Status(ErrorCode::kStaleMetadata, what_ + ": '" + desc.name + "' unregistered buffer " +

@@ -71,6 +71,11 @@ class LocalEpochs {
   uint32_t next_ = 0;  // slots below it have been assigned at least once
 };
 
+/// The epochs one submission read from one peer's table (slot -> what Read gave), so that its slices share one
+/// read per buffer. Made at the start of a submission, dropped at its end: a withdrawal that completed before
+/// the submission started is seen by its first read. Not thread-safe (one submitting thread).
+using EpochReads = std::map<uint32_t, StatusOr<uint64_t>>;
+
 /// The epoch tables of peers, each opened once per peer instance (by the derived class). Thread-safe.
 class PeerEpochs {
  public:
@@ -79,9 +84,12 @@ class PeerEpochs {
   /// Ok when the epoch of `buffer` (its slot in the peer's table) still equals the one `desc` published for it;
   /// kStaleMetadata when it moved on (the peer withdrew that buffer since `desc` was built); kMalformedJson when
   /// `desc` or `buffer` lack valid epoch fields; the table's error when it cannot be read (e.g. the peer exited).
-  Status Check(const SegmentDescriptor& desc, const BufferDescriptor& buffer);
+  /// With `reads` (one submission's, all to the peer of `desc`), a slot already read there is not read again.
+  Status Check(const SegmentDescriptor& desc, const BufferDescriptor& buffer, EpochReads* reads = nullptr);
   /// Closes the tables of segment `segment_name`.
   virtual void Forget(const std::string& segment_name) = 0;
+  /// Reads of peers' tables made so far (Read calls), by segment name.
+  std::map<std::string, uint64_t> ReadCounts() const;
 
  protected:
   /// The current value of `slot` (< kEpochSlots) in the table of peer instance `instance` (non-empty) that
@@ -90,6 +98,10 @@ class PeerEpochs {
 
   const std::string what_;
   const EpochFields fields_;
+
+ private:
+  mutable std::mutex count_mu_;
+  std::map<std::string, uint64_t> reads_;  // by segment (count_mu_)
 };
 
 /// Tables of same-host peers (the shared LocalEpochs form): the publisher's memfd, opened through

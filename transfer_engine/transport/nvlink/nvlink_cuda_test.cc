@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -97,6 +100,68 @@ TEST_F(NvlinkOnCudaTest, TheDomainComesFromNvmlUnlessSet) {
             std::string::npos)
       << r->why_declined;
   t.Stop();
+}
+
+// GPUs of different NVLink domains (NVML gives device 1 another clique): inert, naming both.
+TEST_F(NvlinkOnCudaTest, GpusOfDifferentDomainsAreRefused) {
+  setenv("FAKE_NVML_CLIQUES", "7,9", 1);
+  device_ipc::testing::LocalContext local(&PlatformRegistry::Get());
+  NvlinkTransport t;
+  ASSERT_TRUE(t.Configure(TransportOptions("nvlink", {})).ok());
+  ASSERT_TRUE(t.Start(local.ctx).ok());
+  unsetenv("FAKE_NVML_CLIQUES");
+  auto r = t.RegisterRegion(device_ipc::testing::RegionOf(local_, kLen, MemoryKind{MemoryType::kCuda, 0}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->declined);
+  EXPECT_NE(r->why_declined.find("different NVLink domains (GPU 0000:3b:00.0: '00112233-4455-6677-8899-aabbccddeeff:7'"
+                                 ", GPU 0000:3c:00.0: '00112233-4455-6677-8899-aabbccddeeff:9')"),
+            std::string::npos)
+      << r->why_declined;
+  t.Stop();
+}
+
+// The permissions of the mappings of /dev/shm/fake-cuda-fabric-* files of `bytes` bytes (/proc/self/maps).
+std::vector<std::string> FabricMappings(size_t bytes) {
+  std::vector<std::string> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long lo = 0, hi = 0;
+    char mode[8] = {};
+    if (line.find("/dev/shm/fake-cuda-fabric-") != std::string::npos &&
+        sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, mode) == 3 && hi - lo == bytes) {
+      out.push_back(mode);
+    }
+  }
+  return out;
+}
+
+// The fake's fabric files of this process (one per live allocation).
+size_t FabricFiles() {
+  size_t n = 0;
+  const std::string prefix = "fake-cuda-fabric-" + std::to_string(getpid()) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind(prefix, 0) == 0;
+  }
+  return n;
+}
+
+TEST_F(NvlinkOnCudaTest, APeersEpochTableIsMappedReadOnly) {
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());
+  const size_t table = 2 << 20;  // kEpochTableBytes in the fake's 2 MiB granularity
+  std::vector<std::string> modes = FabricMappings(table);
+  EXPECT_EQ(std::count(modes.begin(), modes.end(), "rw-s"), 2) << "a's and b's own tables";
+  EXPECT_EQ(std::count(modes.begin(), modes.end(), "r--s"), 1) << "a's import of b's (cuMemSetAccess PROT_READ)";
+}
+
+TEST_F(NvlinkOnCudaTest, AClosedEngineHasReleasedItsManagedBuffers) {
+  const size_t before = FabricFiles();
+  for (size_t length : {size_t{1} << 20, size_t{5} << 20}) {
+    auto p = a_->AllocateManaged(length);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+  }
+  EXPECT_EQ(FabricFiles(), before + 2);
+  a_.reset();  // closed without free_managed_buffer
+  EXPECT_EQ(FabricFiles(), before - 1) << "its two managed buffers and its epoch table are released";
 }
 
 }  // namespace

@@ -2,13 +2,20 @@
 // NVSwitch; MC_NVLINK_DOMAIN=test-domain from the BUILD env): registration (fabric memory exported, other device
 // memory declined), reachability by NVLink domain rather than host, two engines moving device bytes through one
 // fabric mapping, memory the target unregistered never written, a peer of another domain served by tcp staging,
-// the managed allocator, and the inert forms (no domain, no platform).
+// the managed allocator (on the device asked, freed when the engine closes), a peer's epoch table imported
+// read-only, one epoch read per submission, and the inert forms (no domain, no platform).
 #include "transfer_engine/transport/nvlink/nvlink_transport.h"
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "transfer_engine/api/engine.h"
 #include "transfer_engine/transport/device_ipc/handle_hex.h"
@@ -112,6 +119,110 @@ TEST_F(NvlinkEngineTest, ManagedBuffersAreFabricMemory) {
   auto handle = dev_->ExportFabric(*p, 1 << 20);
   EXPECT_TRUE(handle.ok()) << handle.status().ToString();
   EXPECT_TRUE(a_->FreeManaged(*p, 1 << 20).ok());
+}
+
+// The mappings of /dev/shm/<prefix>* files of `bytes` bytes, as (address, permissions) from /proc/self/maps.
+std::vector<std::pair<uintptr_t, std::string>> ShmMappings(const std::string& prefix, size_t bytes) {
+  std::vector<std::pair<uintptr_t, std::string>> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long lo = 0, hi = 0;
+    char mode[8] = {};
+    if (line.find("/dev/shm/" + prefix) != std::string::npos &&
+        sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, mode) == 3 && hi - lo == bytes) {
+      out.emplace_back(lo, mode);
+    }
+  }
+  return out;
+}
+
+// The field after the last ':' of an emulation fabric handle (its device).
+int HandleDevice(const std::string& handle) { return std::stoi(handle.substr(handle.rfind(':') + 1)); }
+
+TEST_F(NvlinkEngineTest, APeersEpochTableIsImportedReadOnly) {
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 4096).ok());  // a read b's epoch: a imported b's table
+  auto tables = ShmMappings("mc-emu-fabric-", device_ipc::kEpochTableBytes);
+  size_t owners = 0, read_only = 0;
+  uintptr_t imported = 0;
+  for (const auto& [at, mode] : tables) {
+    owners += mode == "rw-s";
+    if (mode == "r--s") imported = at, ++read_only;
+  }
+  EXPECT_EQ(owners, 2u) << "a's and b's own tables";
+  ASSERT_EQ(read_only, 1u) << "a's import of b's table";
+  auto write = dev_->CopyAsync(reinterpret_cast<void*>(imported), "\xff\xff\xff\xff\xff\xff\xff\xff", 8, -1);
+  ASSERT_TRUE(write.ok());
+  EXPECT_FALSE((*write)->Wait().ok()) << "a device write into the peer's epochs";
+  ASSERT_TRUE(Move(OpCode::kRead, 0, 0, 4096).ok()) << "the epochs still read";
+}
+
+TEST(NvlinkManagedTest, ManagedBuffersAndTheEpochTableAreOnTheDeviceAsked) {
+  auto cuda = Cuda();
+  ASSERT_NE(cuda, nullptr);
+  for (int device : {0, 1}) {
+    device_ipc::testing::LocalContext local(&PlatformRegistry::Get());
+    NvlinkTransport t;
+    ASSERT_TRUE(t.Configure(TransportOptions("nvlink", {{"nvlink.domain", "d"},
+                                                        {"nvlink.device", std::to_string(device)}})).ok());
+    ASSERT_TRUE(t.Start(local.ctx).ok());
+    auto p = t.AllocateManaged(1 << 20);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(cuda->Classify(*p)->ToString(), "cuda:" + std::to_string(device));
+    nlohmann::json desc = nlohmann::json::object();
+    t.Describe(desc);
+    auto table = device_ipc::HandleFromHex(desc.value(kEpochTableField, ""));
+    ASSERT_TRUE(table.ok());
+    EXPECT_EQ(HandleDevice(*table), device) << *table;
+    EXPECT_TRUE(t.FreeManaged(*p, 1 << 20).ok());
+    t.Stop();
+  }
+}
+
+TEST(NvlinkManagedTest, AClosedEngineHasFreedItsManagedBuffers) {
+  auto cuda = Cuda();
+  ASSERT_NE(cuda, nullptr);
+  auto e = TransferEngine::Create(device_ipc::testing::LocalEngineOptions("nvlink"));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::vector<std::string> files;
+  for (size_t length : {size_t{1} << 20, size_t{3} << 20}) {
+    auto p = (*e)->AllocateManaged(length);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    auto handle = cuda->ExportFabric(*p, length);  // "mc-host-emulation-fabric:v1:cuda:<file>:..."
+    ASSERT_TRUE(handle.ok());
+    const size_t from = handle->find("mc-emu-fabric-");
+    files.push_back("/dev/shm/" +
+                    handle->substr(from, handle->find(':', from) - from));
+    EXPECT_EQ(access(files.back().c_str(), F_OK), 0) << files.back();
+  }
+  const size_t before = ShmMappings("mc-emu-fabric-", size_t{3} << 20).size();
+  EXPECT_GE(before, 1u);
+  e->reset();  // closed without free_managed_buffer
+  for (const auto& f : files) EXPECT_NE(access(f.c_str(), F_OK), 0) << f << " outlived the engine";
+  EXPECT_EQ(ShmMappings("mc-emu-fabric-", size_t{3} << 20).size(), before - 1) << "its mapping is gone";
+}
+
+// Slices of 4 KiB: one submission is many slices into one buffer.
+class NvlinkSlicesTest : public device_ipc::testing::EnginePairTest {
+ protected:
+  NvlinkSlicesTest()
+      : EnginePairTest({"nvlink", MemoryType::kCuda, AllocationKind::kFabric, "nvlink", {{"nvlink.slice_size", "4096"}}}) {}
+};
+
+TEST_F(NvlinkSlicesTest, ASubmissionReadsTheEpochOnceAndAWithdrawalBeforeItFailsAllItsSlices) {
+  memset(local_, 'a', 64 << 10);
+  ASSERT_TRUE(Move(OpCode::kWrite, 0, 0, 64 << 10).ok());
+  nlohmann::json c = Carried();
+  EXPECT_EQ(c["slices"], 16u) << c.dump();
+  EXPECT_EQ(c["epoch_reads"], 1u) << "16 slices into one buffer share one read: " << c.dump();
+  ASSERT_TRUE(Move(OpCode::kRead, 0, 0, 64 << 10).ok());
+  EXPECT_EQ(Carried()["epoch_reads"], 2u) << "each submission reads again";
+  // Withdrawn (unregistered) before the next submission: none of its 16 slices lands.
+  ASSERT_TRUE(b_->UnregisterMemory(remote_).ok());
+  memset(remote_, 0, 64 << 10);
+  memset(local_, 'b', 64 << 10);
+  Status st = Move(OpCode::kWrite, 0, 0, 64 << 10);
+  EXPECT_EQ(st.code(), ErrorCode::kAddressNotRegistered) << st.ToString();
+  for (size_t i = 0; i < (64 << 10); ++i) ASSERT_EQ(static_cast<char*>(remote_)[i], 0) << "byte " << i << " landed";
 }
 
 TEST(NvlinkDomainTest, APeerOfAnotherDomainIsServedByTcpStaging) {

@@ -35,8 +35,8 @@ Status CopyAndWait(Platform& platform, void* dst, const void* src, size_t length
   return (*started)->Wait();
 }
 
-// The epoch tables of peers: each imported once per peer instance with ImportFabric, a slot read with an 8-byte
-// copy. Thread-safe.
+// The epoch tables of peers: each imported once per peer instance with ImportFabric, read-only (a bug of ours
+// cannot corrupt a peer's epochs), a slot read with an 8-byte copy. Thread-safe.
 class FabricPeerEpochs final : public device_ipc::PeerEpochs {
  public:
   FabricPeerEpochs(std::shared_ptr<Platform> platform, device_ipc::EpochFields fields)
@@ -61,7 +61,8 @@ class FabricPeerEpochs final : public device_ipc::PeerEpochs {
         auto handle = hex ? device_ipc::HandleFromHex(*hex)
                           : StatusOr<std::string>(Status(ErrorCode::kMalformedJson, "nvlink: segment '" + desc.name +
                                                                                         "' publishes no epoch table"));
-        auto mapped = handle.ok() ? platform_->ImportFabric(*handle, kEpochTableBytes) : handle.status();
+        auto mapped = handle.ok() ? platform_->ImportFabric(*handle, kEpochTableBytes, FabricAccess::kReadOnly)
+                                  : handle.status();
         if (mapped.ok()) {
           entry.table = std::make_shared<Table>(platform_, static_cast<char*>(*mapped));
         } else {  // remembered for this peer instance (until Forget): not imported again for every slice
@@ -117,20 +118,38 @@ NvlinkTransport::~NvlinkTransport() { Stop(); }  // every copy done before the t
 Status NvlinkTransport::Configure(const TransportOptions& options) {
   MC_RETURN_IF_ERROR(DeviceIpcTransport::Configure(options));
   domain_ = options.String("domain", "MC_NVLINK_DOMAIN", "");
+  device_ = static_cast<int>(options.Int("device", "MC_NVLINK_DEVICE", 0, 0, 1 << 16));
   const std::string nvml = options.String("nvml_library", "MC_NVLINK_NVML_LIBRARY", "");
   nvml_sonames_ = nvml.empty() ? DefaultNvmlSonames() : std::vector<std::string>{nvml};
   return Status::Ok();
 }
 
 std::string NvlinkTransport::DomainFromNvml() {
-  auto locality = platform()->Locality(0);
-  if (!locality.ok()) return "device 0's PCI address is unknown: " + locality.status().message();
-  if (locality->pci_bus_id.empty()) return "the " + platform()->name() + " platform knows no PCI address of device 0";
-  auto domain = NvlinkDomainFromNvml(nvml_sonames_, locality->pci_bus_id);
-  if (!domain.ok()) return domain.status().message();
-  domain_ = *domain;
-  MC_LOG(kInfo) << "nvlink: NVLink domain from NVML (GPU " << locality->pci_bus_id << "'s fabric cluster UUID and "
-                << "clique)";
+  const int count = platform()->Probe().device_count;
+  std::string domain, first_gpu;
+  for (int device = 0; device < count || device == 0; ++device) {
+    const std::string which = "device " + std::to_string(device);
+    auto locality = platform()->Locality(device);
+    if (!locality.ok()) return which + "'s PCI address is unknown: " + locality.status().message();
+    if (locality->pci_bus_id.empty()) return "the " + platform()->name() + " platform knows no PCI address of " + which;
+    auto found = NvlinkDomainFromNvml(nvml_sonames_, locality->pci_bus_id);
+    if (!found.ok() && device == 0) return found.status().message();
+    if (!found.ok()) {
+      return "GPU " + first_gpu + " is in NVLink domain '" + domain + "' but " + which + " has none (" +
+             found.status().message() + "); make only GPUs of one domain visible";
+    }
+    if (device == 0) {
+      domain = *found;
+      first_gpu = locality->pci_bus_id;
+    } else if (*found != domain) {
+      return "the GPUs of this process are in different NVLink domains (GPU " + first_gpu + ": '" + domain +
+             "', GPU " + locality->pci_bus_id + ": '" + *found + "'); make only GPUs of one domain visible "
+             "(CUDA_VISIBLE_DEVICES)";
+    }
+  }
+  domain_ = domain;
+  MC_LOG(kInfo) << "nvlink: NVLink domain from NVML (the fabric cluster UUID and clique of all " << count
+                << " GPUs)";
   return "";
 }
 
@@ -144,7 +163,7 @@ std::string NvlinkTransport::StartHooks() {
   }
   auto table = std::make_shared<Table>();
   table->platform = platform();
-  auto base = platform()->Allocate(kEpochTableBytes, AllocationKind::kFabric, 0);
+  auto base = platform()->Allocate(kEpochTableBytes, AllocationKind::kFabric, device_);
   if (!base.ok()) return base.status().message();  // "fabric handles unsupported: ..." where the driver refuses
   table->base = *base;
   std::vector<uint64_t> zeros(kEpochSlots, 0);  // device memory need not start zeroed

@@ -20,9 +20,13 @@ inline constexpr const char kEpochTableField[] = "nvlink_epoch_table";
 /// MemoryType::kCuda whose hooks use Platform::ExportFabric / ImportFabric / CloseFabric instead of IPC handles.
 ///
 /// - Domain: option `nvlink.domain` / MC_NVLINK_DOMAIN (any text, the same on every host of the domain); else,
-///   at Start, NVML's fabric information for device 0 (its PCI address from Platform::Locality):
-///   "<cluster uuid>:<clique id>" (nvml_domain.h; NVML from `nvlink.nvml_library` / MC_NVLINK_NVML_LIBRARY, else
-///   libnvidia-ml.so.1, loaded at run time). Without either the transport is inert, saying why.
+///   at Start, NVML's fabric information for every device of the process (their PCI addresses from
+///   Platform::Locality): "<cluster uuid>:<clique id>" (nvml_domain.h; NVML from `nvlink.nvml_library` /
+///   MC_NVLINK_NVML_LIBRARY, else libnvidia-ml.so.1, loaded at run time), which must be the same on all of them:
+///   GPUs of different domains (or one in none) leave the transport inert, naming both. Without a domain the
+///   transport is inert, saying why.
+/// - Device: option `nvlink.device` / MC_NVLINK_DEVICE (default 0): where managed buffers and the epoch table
+///   are allocated (a process per GPU sets its own).
 /// - Reaches: a peer whose `nvlink_domain` equals ours and whose `nvlink_platform` names our platform, on this
 ///   host or another.
 /// - Registration: only memory of an AllocationKind::kFabric allocation exports (cuMemCreate with
@@ -33,8 +37,8 @@ inline constexpr const char kEpochTableField[] = "nvlink_epoch_table";
 ///   device that refuses fabric handles (no NVSwitch / IMEX channel) leaves the transport inert with the
 ///   platform's "fabric handles unsupported: <reason>".
 /// - Withdrawn memory: the epochs of device_ipc, kept in that table: a change is copied into it (CopyAsync, then
-///   waited) before WithdrawRegion returns; the initiator imports a peer's table once (ImportFabric) and reads the
-///   buffer's slot with an 8-byte CopyAsync before each copy (one small device read per slice).
+///   waited) before WithdrawRegion returns; the initiator imports a peer's table once (ImportFabric, read-only)
+///   and reads a buffer's slot with an 8-byte CopyAsync once per submission (shared by its slices into it).
 /// Thread-safe as DeviceIpcTransport.
 class NvlinkTransport final : public device_ipc::DeviceIpcTransport {
  public:
@@ -53,12 +57,14 @@ class NvlinkTransport final : public device_ipc::DeviceIpcTransport {
   std::unique_ptr<device_ipc::PeerEpochs> MakePeerEpochs() override;
   void DescribeEpochs(nlohmann::json& descriptor) const override;
   bool PeerInReach(const SegmentDescriptor& peer) const override;
+  int ManagedDevice() const override { return device_; }
 
  private:
   /// Sets domain_ from NVML; "" when it did, else why not.
   std::string DomainFromNvml();
 
   std::string domain_;                     // Configure's, or DomainFromNvml's at Start
+  int device_ = 0;                         // Configure's: managed buffers and the epoch table
   std::vector<std::string> nvml_sonames_;  // Configure's
   std::shared_ptr<Table> table_;  // set by StartHooks
 };

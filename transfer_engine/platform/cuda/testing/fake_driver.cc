@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -323,7 +324,9 @@ CUresult CreateFabric(CUmemGenericAllocationHandle* h, size_t size, int device) 
   std::string name;
   {
     std::lock_guard<std::mutex> lock(mu);
-    name = "fake-cuda-fabric-" + std::to_string(getpid()) + "-" + std::to_string(fabric_serial++);
+    // The clock too: sandboxed runs share /dev/shm and pids, and a run that leaked would block a later one's name.
+    name = "fake-cuda-fabric-" + std::to_string(getpid()) + "-" + std::to_string(fabric_serial++) + "-" +
+           std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007);
   }
   const std::string path = FabricPath(name);
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -404,14 +407,20 @@ CUresult FakeMemUnmap(CUdeviceptr va, size_t size) {
   return CUDA_SUCCESS;
 }
 
-CUresult FakeMemSetAccess(CUdeviceptr va, size_t, const CUmemAccessDesc* desc, size_t count) {
+// The host mapping gets the access of the descriptors (PROT_READ: writes through it fault, as on a GPU).
+CUresult FakeMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (CUresult r = Ready(false)) return r;
   std::lock_guard<std::mutex> lock(mu);
   if (regions.count(va) == 0 || count == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {  // one descriptor per device, each a device of this fake
     if (desc[i].location.id < 0 || desc[i].location.id >= devices) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].flags != desc[0].flags || (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+                                           desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
   }
-  return CUDA_SUCCESS;
+  const int prot = desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_READ | PROT_WRITE;
+  return mprotect(reinterpret_cast<void*>(va), size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult FakeExport(void* out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, unsigned long long) {

@@ -5,8 +5,8 @@
 // Devices: the PCI addresses the fake CUDA driver reports (0000:3b:00.0, 0000:3c:00.0, ...: FAKE_NVML_DEVICES,
 // default 2); others answer NVML_ERROR_NOT_FOUND. Fabric information (environment, read at each call):
 // FAKE_NVML_FABRIC_STATE (default 3, COMPLETED), FAKE_NVML_FABRIC_STATUS (default 0), FAKE_NVML_CLUSTER_UUID
-// (32 hex digits, default 00112233445566778899aabbccddeeff), FAKE_NVML_CLIQUE (default 7), FAKE_NVML_INIT_RESULT
-// (nvmlInit_v2's result, default 0).
+// (32 hex digits, default 00112233445566778899aabbccddeeff), FAKE_NVML_CLIQUE (default 7; FAKE_NVML_CLIQUES,
+// comma-separated, gives device i the i-th entry), FAKE_NVML_INIT_RESULT (nvmlInit_v2's result, default 0).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -92,6 +92,14 @@ FAKE_NVML_API int nvmlDeviceGetGpuFabricInfo(void* device, FabricInfo* info) {
   }
   info->status = EnvInt("FAKE_NVML_FABRIC_STATUS", 0);
   info->clique_id = static_cast<unsigned int>(EnvInt("FAKE_NVML_CLIQUE", 7));
+  if (const char* per_device = getenv("FAKE_NVML_CLIQUES")) {
+    const char* at = per_device;
+    for (long i = static_cast<int*>(device) - &devices[0]; i > 0 && at != nullptr; --i) {
+      at = strchr(at, ',');
+      if (at != nullptr) ++at;
+    }
+    if (at != nullptr && *at != '\0' && *at != ',') info->clique_id = static_cast<unsigned int>(atoi(at));
+  }
   info->state = static_cast<unsigned char>(EnvInt("FAKE_NVML_FABRIC_STATE", 3));
   return kSuccess;
 }
