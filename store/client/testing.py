@@ -13,6 +13,7 @@ import sys
 
 from mooncake.store.client.store_worker import decode, encode
 from mooncake.store.master.testing import child_env, read_line, stop_process
+from mooncake.testing.children import popen
 
 
 @contextlib.contextmanager
@@ -39,7 +40,7 @@ class StoreWorker:
         cmd = [*(prefix or []), sys.executable, "-m", "mooncake.store.client.store_worker", "--master", master,
                "--segment", str(segment), "--buffer", str(buffer), "--ssd", str(ssd), "--metadata", metadata,
                "--protocol", protocol, "--device", device]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        self.proc = popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**child_env(), **(env or {})})
         try:
             hello = json.loads(read_line(self.proc, timeout))
@@ -94,7 +95,7 @@ class SoakWorker:
                "--seconds", str(seconds), "--seed", str(seed)]
         for k, v in flags.items():
             cmd += [f"--{k}", str(v)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        self.proc = popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                      env={**child_env(), **(env or {})})
         try:
             self.ready = json.loads(read_line(self.proc, timeout))

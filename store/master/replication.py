@@ -23,6 +23,7 @@ Threading: every public method takes the service lock; ``on_*``, ``expire`` and 
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 from mooncake.store.common.errors import ErrorCode
@@ -40,6 +41,51 @@ OK = ErrorCode.OK
 class Replicator:
     def __init__(self, service: "MasterService") -> None:
         self._svc = service
+
+    # -- the RPC entry points (delegated by MasterService under these names) ---------------------------------
+    def copy_start(self, client_id, key, source, targets):
+        return self.start(client_id, key, source, tuple(targets), move=False)
+
+    def move_start(self, client_id, key, source, target):
+        return self.start(client_id, key, source, (target,) if target else (), move=True)
+
+    def copy_end(self, client_id, key):
+        return self.end(client_id, key, move=False)
+
+    def move_end(self, client_id, key):
+        return self.end(client_id, key, move=True)
+
+    def copy_revoke(self, client_id, key):
+        return self.revoke(client_id, key, move=False)
+
+    def move_revoke(self, client_id, key):
+        return self.revoke(client_id, key, move=True)
+
+    def create_copy_task(self, key, targets):
+        return self.create_task(key, "", tuple(targets), move=False)
+
+    def create_move_task(self, key, source, target):
+        return self.create_task(key, source, (target,) if target else (), move=True)
+
+    def query_task(self, task_id):
+        """A copy of the task (None if unknown): the monitor may finish the task while the caller reads it."""
+        svc = self._svc
+        with svc.lock:
+            task = svc.tasks.get(task_id)
+            return copy.copy(task) if task is not None else None
+
+    def fetch_tasks(self, client_id: str, batch: int):
+        svc = self._svc
+        with svc.lock:
+            return [copy.copy(t) for t in svc.tasks.fetch(client_id, max(0, batch), svc.now())]
+
+    def mark_task_complete(self, client_id: str, task_id: str, success: bool, message: str = "") -> ErrorCode:
+        svc = self._svc
+        with svc.lock:
+            return svc.tasks.complete(client_id, task_id, success, message, svc.now())
+
+    def batch_replica_clear(self, client_id: str, keys: list[str], segment_name: str = ""):
+        return self.batch_clear(client_id, keys, segment_name)
 
     # -- synchronous operations (executed by a client) -------------------------------------------------------
     def start(self, client_id: str, key: str, source: str, targets: tuple[str, ...], move: bool

@@ -36,7 +36,8 @@ Durable state changes only in ``apply`` (ops.py lists the operations, apply.py t
 method validates and decides (placement, leases, the clock), then applies the op that carries the decision;
 ``journal`` (durable.py, ha.py) records each one, and a standby or a restarted master applies the same ops to
 get the same state. The SSD tier (disk_tier.DiskTier) and reserved blocks (reservations.ReservationPool) are
-composed parts sharing the lock; their RPC entry points are delegated under the names below.
+composed parts sharing the lock, as are copy/move operations and tasks (replication.Replicator); their RPC
+entry points are delegated under the names below.
 
 The monitor (``tick``, run by ``start_monitor`` every --monitor_interval_ms) expires silent clients,
 revokes stuck puts and copy/move operations, releases held buffers, fails overdue tasks, purges expired
@@ -46,7 +47,6 @@ everything leased or pinned, is retried after 1 s rather than every period).
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 import threading
@@ -695,50 +695,6 @@ class MasterService:
         return OK
 
     # ======================================================================================================
-    # Copy / move / replica clear (replication.py) and tasks
-    # ======================================================================================================
-    def copy_start(self, client_id, key, source, targets):
-        return self.replicator.start(client_id, key, source, tuple(targets), move=False)
-
-    def move_start(self, client_id, key, source, target):
-        return self.replicator.start(client_id, key, source, (target,) if target else (), move=True)
-
-    def copy_end(self, client_id, key):
-        return self.replicator.end(client_id, key, move=False)
-
-    def move_end(self, client_id, key):
-        return self.replicator.end(client_id, key, move=True)
-
-    def copy_revoke(self, client_id, key):
-        return self.replicator.revoke(client_id, key, move=False)
-
-    def move_revoke(self, client_id, key):
-        return self.replicator.revoke(client_id, key, move=True)
-
-    def create_copy_task(self, key, targets):
-        return self.replicator.create_task(key, "", tuple(targets), move=False)
-
-    def create_move_task(self, key, source, target):
-        return self.replicator.create_task(key, source, (target,) if target else (), move=True)
-
-    def query_task(self, task_id):
-        """A copy of the task (None if unknown): the monitor may finish the task while the caller reads it."""
-        with self._lock:
-            task = self.tasks.get(task_id)
-            return copy.copy(task) if task is not None else None
-
-    def fetch_tasks(self, client_id: str, batch: int):
-        with self._lock:
-            return [copy.copy(t) for t in self.tasks.fetch(client_id, max(0, batch), self._clock())]
-
-    def mark_task_complete(self, client_id: str, task_id: str, success: bool, message: str = "") -> ErrorCode:
-        with self._lock:
-            return self.tasks.complete(client_id, task_id, success, message, self._clock())
-
-    def batch_replica_clear(self, client_id: str, keys: list[str], segment_name: str = ""):
-        return self.replicator.batch_clear(client_id, keys, segment_name)
-
-    # ======================================================================================================
     # Monitor
     # ======================================================================================================
     def tick(self) -> None:
@@ -804,6 +760,9 @@ for _name in ("mount_local_disk", "unmount_local_disk", "take_offload_tasks", "n
     setattr(MasterService, _name, _delegate("disk_tier", _name))
 for _name in ("reserve_space", "put_reserved", "put_reserved_batch", "release_space", "reserved_bytes"):
     setattr(MasterService, _name, _delegate("reservation_pool", _name))
+for _name in ("copy_start", "move_start", "copy_end", "move_end", "copy_revoke", "move_revoke", "create_copy_task",
+              "create_move_task", "query_task", "fetch_tasks", "mark_task_complete", "batch_replica_clear"):
+    setattr(MasterService, _name, _delegate("replicator", _name))
 del _name
 # Read-only views for metrics and the admin server (introspection.py): counts and usage; one key, no lease.
 MasterService.snapshot = introspection.snapshot

@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from mooncake.testing.children import popen
+
 
 def child_env() -> dict:
     env = dict(os.environ)
@@ -59,7 +61,7 @@ class MasterProcess:
     def __init__(self, *args: str, timeout: float = 30.0) -> None:
         cmd = [sys.executable, "-m", "mooncake.store.master.cli", "--port=0", "--metrics_port=0",
                "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1", "--log_level=WARNING", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=child_env())
         try:
             line = read_line(self.proc, timeout)
@@ -100,7 +102,7 @@ class WorkerProcess:
         cmd = [sys.executable, "-m", "mooncake.store.master.rpc_worker", "--master", master]
         if client_id:
             cmd += ["--client_id", client_id]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
+        self.proc = popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
         try:
             hello = json.loads(read_line(self.proc, timeout))
         except (TimeoutError, RuntimeError, ValueError):

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from mooncake.testing.children import popen
+
 
 def pattern(length: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, length, dtype=np.uint8)
@@ -80,7 +82,7 @@ class EnginePeer:
     def __init__(self, metadata: str, name: str = "127.0.0.1", size: int = 64 << 20, env: dict | None = None,
                  managed: bool = False, prefix: list[str] | None = None):
         """`prefix` runs the child through a wrapper, e.g. Host.prefix to put it on a netns host."""
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             (prefix or []) + [sys.executable, "-m", "mooncake.testing.engine_peer", name, metadata, str(size),
                               str(int(managed))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -10,6 +10,8 @@ import subprocess
 import tempfile
 import time
 
+from mooncake.testing.children import popen
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -29,7 +31,7 @@ def _wait_for(check, what: str, timeout: float = 20.0) -> None:
 class _Service:
     def __init__(self, cmd: list[str], cwd: str):
         self.dir = cwd
-        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -124,7 +126,7 @@ class EtcdCluster:
                    "--initial-cluster-token", os.path.basename(self.dir),
                    "--heartbeat-interval", "50", "--election-timeout", "500",
                    "--log-level", "error", "--logger", "zap"]
-            self.members.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.members.append(popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_for(self._healthy, "etcd cluster", timeout)
 
     def _healthy(self) -> bool:
