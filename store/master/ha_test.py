@@ -244,7 +244,9 @@ def test_replies_carry_the_view_and_old_view_reads_are_dropped(procs):
             c._directory.leader = (c.address, view + 1)
             with pytest.raises(grpc.RpcError) as e:
                 c.call("GetServiceInfo")
-            assert e.value.code() == grpc.StatusCode.UNAVAILABLE and c.old_view_replies > 0
+            # Every reply was dropped; the last attempt may also run out of time on a loaded machine.
+            assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            assert c.old_view_replies > 0
             assert c.call("PutRevoke", key="nope").code != 0  # a change's reply stands (answered, not dropped)
             c._directory.leader = (c.address, view)
     finally:
