@@ -257,3 +257,37 @@ def test_freed_and_reallocated_managed_memory_gets_the_data(local):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def _memfd_committed(pid: int) -> int:
+    """Bytes the peer's engine-allocated memfds hold (st_blocks), summed."""
+    total = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if "mooncake-managed" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                total += os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
+def test_mapping_a_peer_does_not_commit_its_unused_memory(local):
+    """The background page-table fill after mapping a peer's segment touches only pages the peer holds: a
+    256 MiB segment of which 1 MiB was written stays ~1 MiB committed (populating it all would allocate it)."""
+    engine, buf = local
+    peer = EnginePeer("P2PHANDSHAKE", size=256 * MiB, managed=True)
+    try:
+        peer.call("fill", offset=0, length=MiB, seed=7)
+        before = _memfd_committed(peer.proc.pid)
+        assert MiB <= before < 8 * MiB, before
+        buf[:4096] = pattern(4096, 1)
+        assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer + 128 * MiB, 4096) == 0
+        _, _, stats = carriers(engine)
+        assert any(p["mapped_copies"] > 0 for p in stats["shm"].values()), stats
+        time.sleep(1.5)  # the fill thread would have populated the whole 256 MiB by now (~0.2 s)
+        after = _memfd_committed(peer.proc.pid)
+        assert after < before + 8 * MiB, f"{after - before} bytes of the peer's memory committed by mapping it"
+        assert engine.transfer_sync_read(peer.segment, buf.ctypes.data, peer.buffer, MiB) == 0
+        assert sha(buf[:MiB]) == sha(pattern(MiB, 7))
+    finally:
+        peer.close()

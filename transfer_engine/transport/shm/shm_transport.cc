@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 #include <shared_mutex>
 
 #include "transfer_engine/common/format.h"
@@ -44,13 +47,40 @@ uint64_t DescriptorEpoch(const SegmentDescriptor& d) { return JsonUint(d.json, "
 
 // Fills a fresh mapping's page tables in the background, 32 MiB at a time, so copies into memory the peer has
 // already committed do not take a page fault per 4 KiB page (about 0.26 ms per MiB here, a third of the copy
-// itself). Transfers meanwhile proceed and fault as usual. The thread holds the mapping; it stops early once it
-// is the last holder (the transport dropped the mapping) or on a kernel without MADV_POPULATE_READ.
+// itself). Only pages the peer's memfd already holds (mincore) are populated: populating a hole would commit
+// the peer's memory (a 64 GiB segment the peer fills lazily would be allocated in full, at ~0.75 s of CPU per
+// GiB). The thread runs at nice 19, in runs of at most 4 MiB. Transfers meanwhile proceed and fault as
+// usual. The thread holds the mapping; it stops early once it is the last holder (the transport dropped the
+// mapping) or on a kernel without MADV_POPULATE_READ.
+constexpr size_t kRunPages = 1024;  // 4 MiB of 4 KiB pages per madvise call
+
+// One chunk; false when populating is not possible (mincore or MADV_POPULATE_READ refused): stop.
+bool PopulateResident(char* base, size_t length, std::vector<unsigned char>& resident, size_t page) {
+  size_t pages = (length + page - 1) / page;
+  if (mincore(base, length, resident.data()) != 0) return false;
+  for (size_t i = 0; i < pages;) {
+    while (i < pages && !(resident[i] & 1)) ++i;
+    size_t j = i;
+    while (j < pages && (resident[j] & 1)) ++j;
+    for (size_t k = i; k < j; k += kRunPages) {  // bounded runs: the mmap lock is held for one at a time
+      size_t n = std::min(j - k, kRunPages);
+      if (madvise(base + k * page, std::min(length - k * page, n * page), MADV_POPULATE_READ) != 0) return false;
+    }
+    i = j;
+  }
+  return true;
+}
+
 void PopulateInBackground(std::shared_ptr<const void> m, char* base, size_t length) {
   std::thread([m = std::move(m), base, length] {
+    // Lowest weight, not SCHED_IDLE: populating holds the process's mmap lock (read), and an mmap/munmap of
+    // another thread waits for it; a SCHED_IDLE thread could be starved while holding it on a busy host.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);  // best effort
     constexpr size_t kChunk = 32u << 20;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> resident(kChunk / page + 1);
     for (size_t off = 0; off < length && m.use_count() > 1; off += kChunk) {
-      if (madvise(base + off, std::min(kChunk, length - off), MADV_POPULATE_READ) != 0) break;
+      if (!PopulateResident(base + off, std::min(kChunk, length - off), resident, page)) break;
     }
   }).detach();
 }
