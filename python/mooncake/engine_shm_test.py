@@ -284,7 +284,11 @@ def test_mapping_a_peer_does_not_commit_its_unused_memory(local):
         assert engine.transfer_sync_write(peer.segment, buf.ctypes.data, peer.buffer + 128 * MiB, 4096) == 0
         _, _, stats = carriers(engine)
         assert any(p["mapped_copies"] > 0 for p in stats["shm"].values()), stats
-        time.sleep(1.5)  # the fill thread would have populated the whole 256 MiB by now (~0.2 s)
+        deadline = time.monotonic() + 10  # the fill thread reports when it is done (stats: filling_mappings)
+        while time.monotonic() < deadline and any(p["filling_mappings"] for p in carriers(engine)[2]["shm"].values()):
+            time.sleep(0.05)
+        assert not any(p["filling_mappings"] for p in carriers(engine)[2]["shm"].values())
+        time.sleep(0.2)
         after = _memfd_committed(peer.proc.pid)
         assert after < before + 8 * MiB, f"{after - before} bytes of the peer's memory committed by mapping it"
         assert engine.transfer_sync_read(peer.segment, buf.ctypes.data, peer.buffer, MiB) == 0

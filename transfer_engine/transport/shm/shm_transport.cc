@@ -29,6 +29,7 @@ struct ShmTransport::Mapping {
   char* base = nullptr;
   size_t length = 0;
   uint64_t epoch = 0;  // the peer's registration epoch it was mapped under (fd numbers are reused after a free)
+  std::atomic<bool> filling{false};  // the background page-table fill (PopulateInBackground) still runs
   ~Mapping() {
     if (base) munmap(base, length);
   }
@@ -71,8 +72,11 @@ bool PopulateResident(char* base, size_t length, std::vector<unsigned char>& res
   return true;
 }
 
-void PopulateInBackground(std::shared_ptr<const void> m, char* base, size_t length) {
-  std::thread([m = std::move(m), base, length] {
+void PopulateInBackground(std::shared_ptr<ShmTransport::Mapping> m) {
+  m->filling = true;
+  std::thread([m = std::move(m)] {
+    char* base = m->base;
+    const size_t length = m->length;
     // Lowest weight, not SCHED_IDLE: populating holds the process's mmap lock (read), and an mmap/munmap of
     // another thread waits for it; a SCHED_IDLE thread could be starved while holding it on a busy host.
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);  // best effort
@@ -82,6 +86,7 @@ void PopulateInBackground(std::shared_ptr<const void> m, char* base, size_t leng
     for (size_t off = 0; off < length && m.use_count() > 1; off += kChunk) {
       if (!PopulateResident(base + off, std::min(kChunk, length - off), resident, page)) break;
     }
+    m->filling = false;
   }).detach();
 }
 
@@ -328,7 +333,7 @@ StatusOr<std::shared_ptr<ShmTransport::Mapping>> ShmTransport::MapBuffer(const S
     std::lock_guard lock(mu_);
     PeerFor(desc).mappings[shm_fd] = m;
   }
-  PopulateInBackground(m, m->base, m->length);
+  PopulateInBackground(m);
   return m;
 }
 
@@ -490,6 +495,8 @@ nlohmann::json ShmTransport::Stats() const {
   std::lock_guard lock(mu_);
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [key, p] : peers_) {
+    int filling = 0;
+    for (const auto& [fd, m] : p.mappings) filling += m->filling ? 1 : 0;
     out[p.name] = {{"bytes", p.bytes},
                    {"slices", p.slices},
                    {"errors", p.errors},
@@ -497,6 +504,7 @@ nlohmann::json ShmTransport::Stats() const {
                    {"attach_copies", p.attach_copies},
                    {"parts", p.parts},
                    {"helper_parts", p.helper_parts},
+                   {"filling_mappings", filling},
                    {"state", p.usable ? "up" : "unusable: " + p.why}};
   }
   return out;

@@ -36,6 +36,7 @@ namespace mooncake::te::shm {
 /// 4 KiB pages runs at about two thirds of memcpy (the kernel pins each page; see README.md).
 class ShmTransport : public Transport {
  public:
+  struct Mapping;  // one mapping of a peer's memfd (defined in the .cc; its background fill uses it)
   ShmTransport();
   ~ShmTransport() override;
 
@@ -59,7 +60,6 @@ class ShmTransport : public Transport {
   nlohmann::json Stats() const override;
 
  private:
-  struct Mapping;
   struct Peer {
     std::string name;
     int pid = 0;
