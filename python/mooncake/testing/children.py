@@ -2,43 +2,28 @@
 
 A test killed from outside (a bazel timeout, Ctrl-C, kill -9) runs no cleanup, and the masters, etcd and
 Redis servers and workers it started would live on as orphans, holding ports, /dev/shm segments and CPU that
-later tests then lack. ``popen`` starts a child with PR_SET_PDEATHSIG = SIGKILL (Linux), so the kernel
-kills it when its parent goes.
+later tests then lack. ``popen`` starts a child through util-linux ``setpriv --pdeathsig KILL`` (it sets
+PR_SET_PDEATHSIG and execs the command: the same process, no extra one), so the kernel kills the child when
+its parent goes. No ``preexec_fn``: that would make Python fork a process full of gRPC and engine threads
+instead of spawning it.
 
 Contract: the death signal follows the *thread* that started the child. ``popen`` therefore asks for it only
 when called from the main thread (a helper thread may end long before the test does); children started from
-other threads are left to their owner's cleanup, as before.
+other threads, or where setpriv is missing, are left to their owner's cleanup, as before.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import signal
+import shutil
 import subprocess
-import sys
 import threading
 
-_PR_SET_PDEATHSIG = 1
-_prctl = None
-if sys.platform.startswith("linux"):
-    try:
-        _prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        _prctl = None
-
-
-def _die_with(parent: int):
-    def arm() -> None:  # runs in the child between fork and exec: no locks, no allocation beyond this
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-    return arm
+_SETPRIV = shutil.which("setpriv")
 
 
 def popen(cmd, **kwargs) -> subprocess.Popen:
-    """subprocess.Popen(cmd, **kwargs), with the child killed when this process ends (module docstring). A
-    caller's own preexec_fn is kept (and the death signal not armed)."""
-    if _prctl is not None and "preexec_fn" not in kwargs and threading.current_thread() is threading.main_thread():
-        kwargs["preexec_fn"] = _die_with(os.getpid())
+    """subprocess.Popen(cmd, **kwargs) (cmd: a list), with the child killed when this process ends (module
+    docstring)."""
+    if _SETPRIV and threading.current_thread() is threading.main_thread():
+        cmd = [_SETPRIV, "--pdeathsig", "KILL", "--", *cmd]
     return subprocess.Popen(cmd, **kwargs)

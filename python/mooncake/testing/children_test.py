@@ -66,7 +66,9 @@ def test_child_of_a_helper_thread_is_not_armed():
         p.wait(10)
 
 
-def test_own_preexec_fn_is_kept():
-    called = []
-    p = children.popen([sys.executable, "-c", "pass"], preexec_fn=lambda: called.append(1))
-    assert p.wait(10) == 0
+def test_the_child_is_the_command_itself():
+    """No launcher process stays between: the pid is the command's (its exit code and signals are its own)."""
+    p = children.popen([sys.executable, "-c", "import os, sys; print(os.getpid()); sys.exit(3)"],
+                       stdout=subprocess.PIPE, text=True)
+    assert int(p.stdout.readline()) == p.pid
+    assert p.wait(10) == 3
