@@ -78,7 +78,8 @@ class MasterProcess:
         self.address = f"127.0.0.1:{self.port}"
         self.banner = line
         self._stderr = collections.deque(maxlen=200)
-        threading.Thread(target=self._drain_stderr, name="master-stderr", daemon=True).start()
+        self._drain = threading.Thread(target=self._drain_stderr, name="master-stderr", daemon=True)
+        self._drain.start()
 
     def _drain_stderr(self) -> None:
         for line in self.proc.stderr:
@@ -88,11 +89,16 @@ class MasterProcess:
         return "".join(self._stderr)
 
     def stop(self, grace: float = 5.0) -> int:
-        return stop_process(self.proc, grace)
+        """Terminates the master (killed after `grace`) and joins its stderr drain (it ends at the pipe's EOF)."""
+        rc = stop_process(self.proc, grace)
+        self._drain.join(5)
+        return rc
 
     def kill(self) -> int:
         self.proc.kill()
-        return self.proc.wait(5)
+        rc = self.proc.wait(5)
+        self._drain.join(5)
+        return rc
 
 
 class WorkerProcess:
