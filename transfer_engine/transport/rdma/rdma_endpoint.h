@@ -28,7 +28,8 @@ struct WorkItem {
   uint32_t rkey = 0;
   bool read = false;
   size_t pair = 0;            ///< the (local NIC, peer NIC) pair index it was posted on
-  bool waited = false;        ///< it once waited for a paused endpoint (it waits at most once)
+  /// Set at its first wait for a paused or draining endpoint: it may wait again until then (zero: never waited).
+  std::chrono::steady_clock::time_point wait_limit{};
   std::shared_ptr<void> job;  ///< the slice piece's owner (the transport's SliceJob)
 };
 

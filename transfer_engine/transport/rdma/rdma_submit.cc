@@ -11,6 +11,11 @@
 
 namespace mooncake::te::rdma {
 
+namespace {
+// How long past its first pause a work request keeps waiting for endpoints that still drain (see Dispatch).
+constexpr std::chrono::milliseconds kDrainWait{1000};
+}  // namespace
+
 void RdmaTransport::Submit(const SegmentDescriptor& desc, const std::vector<Slice*>& slices) {
   if (slices.empty()) return;
   Status error;
@@ -234,12 +239,14 @@ void RdmaTransport::Dispatch(const std::shared_ptr<Peer>& peer, std::vector<std:
         auto t = peer->ep(p)->PausedUntil();
         if (t && (!until || *t < *until)) until = t;
       }
+      // An item waits for the pause it first met, and while endpoints still drain (a failed QP's flushed work
+      // comes back only as fast as its CQ is polled, slower on a busy host) for up to kDrainWait more.
       std::vector<std::unique_ptr<WorkItem>> waiting;
+      const auto now = std::chrono::steady_clock::now();
       for (auto& u : unplaced) {
-        if (until && !u->waited) {
-          u->waited = true;
-          waiting.push_back(std::move(u));
-        }
+        if (!until) break;
+        if (u->wait_limit == std::chrono::steady_clock::time_point{}) u->wait_limit = std::max(*until, now + kDrainWait);
+        if (now < u->wait_limit) waiting.push_back(std::move(u));
       }
       unplaced.erase(std::remove(unplaced.begin(), unplaced.end(), nullptr), unplaced.end());
       if (!waiting.empty()) {
