@@ -140,7 +140,10 @@ def test_bodies_in_flight_share_a_bounded_budget():
                 time.sleep(0.01)
             assert stalled.closed_by_peer == 8
         assert peak <= 8 << 20 and s._httpd.body_budget.used == 0
-        assert held < 20 << 10, f"{held} KiB held for 8 stalled bodies"
+        # RSS is the backstop (the budget check above is exact): buffering whole bodies holds 56 MiB and more;
+        # the bounded server holds its 8 MiB budget plus per-connection thread stacks and allocator arenas, which
+        # on a loaded machine reached 28 MiB.
+        assert held < 40 << 10, f"{held} KiB held for 8 stalled bodies"
         assert request(s, "PUT", key_path("k"), b"v" * (1 << 20))[0] == 200
         assert request(s, "GET", key_path("k")) == (200, b"v" * (1 << 20))
         assert request(s, "GET", key_path("big"))[0] == 404
