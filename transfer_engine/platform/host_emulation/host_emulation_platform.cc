@@ -18,6 +18,8 @@
 
 #include "transfer_engine/common/checked_copy.h"
 #include "transfer_engine/common/format.h"
+#include "transfer_engine/common/log.h"
+#include "transfer_engine/common/shm_names.h"
 #include "transfer_engine/platform/host_emulation/copy_worker.h"
 #include "transfer_engine/platform/host_emulation/emulation_handle.h"
 #include "transfer_engine/platform/util/remote_fd.h"
@@ -125,8 +127,10 @@ std::string FabricName(uint64_t serial) {
   bits ^= static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&bits));
   char tail[17];
   snprintf(tail, sizeof(tail), "%016llx", static_cast<unsigned long long>(bits));
-  return std::string(host_emulation::kFabricPrefix) + std::to_string(getpid()) + "-" + std::to_string(serial) + "-" +
-         tail;
+  // The owner tag first (common/shm_names.h): files of killed processes are found and removed by the next one.
+  static const int stale = RemoveStaleShmFiles(host_emulation::kFabricPrefix);
+  if (stale > 0) MC_LOG(kInfo) << "host emulation: removed " << stale << " fabric file(s) of exited processes";
+  return std::string(host_emulation::kFabricPrefix) + ShmOwnerTag() + "-" + std::to_string(serial) + "-" + tail;
 }
 
 class HostEmulationPlatform final : public Platform {

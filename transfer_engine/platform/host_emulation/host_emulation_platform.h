@@ -23,8 +23,9 @@ inline constexpr const char kPlatformEmulationDeviceEnv[] = "MC_PLATFORM_EMULATI
 /// - Devices: `device_count` emulated devices, ordinals 0..device_count-1.
 /// - Allocate: kDevice and kShareable = a MAP_SHARED mapping of a fresh memfd (named
 ///   "mc-host-emulation-<cuda|rocm><N>-<serial>") that the platform keeps open until Free; kFabric = a MAP_SHARED
-///   mapping of a new file /dev/shm/mc-emu-fabric-<pid>-<serial>-<random> (mode 0600), unlinked at Free (a
-///   process that dies first leaves it behind); kPinnedHost = a private anonymous mapping. Zero-filled.
+///   mapping of a new file /dev/shm/mc-emu-fabric-<pidns>-<pid>-<serial>-<random> (mode 0600), unlinked at Free (a
+///   process that dies first leaves it behind, and the next process of its PID namespace to allocate one removes
+///   it: common/shm_names.h); kPinnedHost = a private anonymous mapping. Zero-filled.
 /// - Classify: "<cuda|rocm>:<device>" for its device allocations and for ranges it imported; host for its pinned
 ///   allocations; nullopt otherwise.
 /// - ExportIpc: the memfd's fd number in this process + offset + length + device (see emulation_handle.h);

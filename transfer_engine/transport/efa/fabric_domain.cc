@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "transfer_engine/common/log.h"
+#include "transfer_engine/common/shm_names.h"
 
 namespace mooncake::te::efa {
 
@@ -289,9 +290,13 @@ Status FabricDomain::Init(struct fi_info* info) {
   if (info_.provider.rfind("shm", 0) == 0 && info->addr_format == FI_ADDR_STR) {
     // shm names its region in /dev/shm after the process id by default; processes of other PID namespaces
     // (containers, sandboxes) sharing /dev/shm then collide (fi_enable: -FI_EBUSY). A random name does not.
+    // The name starts with this process's owner tag, so regions of killed processes are found and removed
+    // (once per process, before the first region of its own).
+    static const int stale = RemoveStaleShmFiles("mc-");
+    if (stale > 0) MC_LOG(kInfo) << "efa: removed " << stale << " shm region file(s) of exited processes from /dev/shm";
     std::random_device rd;
-    char name[96];
-    snprintf(name, sizeof(name), "fi_shm://mc-%d-%08x%08x", static_cast<int>(getpid()), rd(), rd());
+    char name[128];
+    snprintf(name, sizeof(name), "fi_shm://mc-%s-%08x%08x", ShmOwnerTag().c_str(), rd(), rd());
     free(info->src_addr);
     info->src_addr = strdup(name);
     info->src_addrlen = strlen(name) + 1;
