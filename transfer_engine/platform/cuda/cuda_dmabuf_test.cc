@@ -18,18 +18,12 @@
 #include <vector>
 
 #include "transfer_engine/platform/cuda/cuda_platform.h"
+#include "transfer_engine/platform/testing/runfile.h"
 
 namespace mooncake::te {
 namespace {
 
-std::string Runfile(const std::string& rel) {
-  char resolved[PATH_MAX];
-  if (realpath(rel.c_str(), resolved) != nullptr) return resolved;
-  const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/mooncake_monorepo/" + rel;
-}
-
-std::string FakeDriver() { return Runfile("transfer_engine/platform/cuda/testing/libfake_cuda_driver.so"); }
+std::string FakeDriver() { return testing::FakeCudaDriver(); }
 
 const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 

@@ -18,19 +18,15 @@
 
 #include "transfer_engine/platform/cuda/cuda_platform.h"
 #include "transfer_engine/platform/testing/run_self.h"
+#include "transfer_engine/platform/testing/proc_maps.h"
+#include "transfer_engine/platform/testing/runfile.h"
 
 extern char** environ;
 
 namespace mooncake::te {
 namespace {
 
-std::string FakeDriver() {
-  const std::string rel = "transfer_engine/platform/cuda/testing/libfake_cuda_driver.so";
-  char resolved[PATH_MAX];
-  if (realpath(rel.c_str(), resolved) != nullptr) return resolved;
-  const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/mooncake_monorepo/" + rel;
-}
+std::string FakeDriver() { return testing::FakeCudaDriver(); }
 
 unsigned char Pattern(int seed, size_t i) { return static_cast<unsigned char>(seed + i * 13); }
 
@@ -162,21 +158,7 @@ TEST(CudaFabricTest, ExportHereImportInAnotherProcessBothWays) {
       << stale.out;
 }
 
-// The permissions ("rw-s", "r--s") /proc/self/maps gives the mapping holding `p`; "" when none.
-std::string MapsPermissions(const void* p) {
-  FILE* f = fopen("/proc/self/maps", "r");
-  if (f == nullptr) return "";
-  char line[512];
-  std::string perms;
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  while (perms.empty() && fgets(line, sizeof(line), f) != nullptr) {
-    unsigned long lo = 0, hi = 0;
-    char mode[8] = {};
-    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, mode) == 3 && at >= lo && at < hi) perms = mode;
-  }
-  fclose(f);
-  return perms;
-}
+using testing::MapsPermissions;
 
 // FabricAccess::kReadOnly sets CU_MEM_ACCESS_FLAGS_PROT_READ (the fake maps it PROT_READ): reads work, a write
 // faults; a read-write import of the same allocation is a mapping of its own.

@@ -3,6 +3,7 @@
 // real streams of that context) the way the real driver would. Cross-process IPC runs this binary again as the importing child.
 #include "transfer_engine/platform/cuda/cuda_platform.h"
 #include "transfer_engine/platform/testing/run_self.h"
+#include "transfer_engine/platform/testing/runfile.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -27,15 +28,8 @@ extern char** environ;
 namespace mooncake::te {
 namespace {
 
-std::string Runfile(const std::string& rel) {
-  char resolved[PATH_MAX];
-  if (realpath(rel.c_str(), resolved) != nullptr) return resolved;
-  const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/mooncake_monorepo/" + rel;
-}
-
-std::string FakeDriver() { return Runfile("transfer_engine/platform/cuda/testing/libfake_cuda_driver.so"); }
-std::string FakeDriverV1() { return Runfile("transfer_engine/platform/cuda/testing/libfake_cuda_driver_v1.so"); }
+std::string FakeDriver() { return testing::FakeCudaDriver(); }
+std::string FakeDriverV1() { return testing::FakeCudaDriver(/*v1=*/true); }
 
 // --- the child process: imports MC_TEST_HANDLE of MC_TEST_PID, writes a pattern, closes ---------------------
 

@@ -12,6 +12,7 @@
 
 #include "transfer_engine/platform/host_emulation/emulation_handle.h"
 #include "transfer_engine/platform/host_emulation/host_emulation_platform.h"
+#include "transfer_engine/platform/testing/proc_maps.h"
 
 namespace mooncake::te {
 namespace {
@@ -77,21 +78,7 @@ TEST(EmulatedFabricTest, ExportsImportsAndOutlivesTheOwnersFree) {
   EXPECT_EQ(p->CloseFabric(*mapped, 5000).code(), ErrorCode::kInvalidArgument);
 }
 
-// The permissions ("rw-s", "r--s") /proc/self/maps gives the mapping holding `p`; "" when none.
-std::string MapsPermissions(const void* p) {
-  FILE* f = fopen("/proc/self/maps", "r");
-  if (f == nullptr) return "";
-  char line[512];
-  std::string perms;
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  while (perms.empty() && fgets(line, sizeof(line), f) != nullptr) {
-    unsigned long lo = 0, hi = 0;
-    char mode[8] = {};
-    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, mode) == 3 && at >= lo && at < hi) perms = mode;
-  }
-  fclose(f);
-  return perms;
-}
+using testing::MapsPermissions;
 
 TEST(EmulatedFabricTest, AReadOnlyImportCannotBeWrittenButReads) {
   auto p = MakeHostEmulationPlatformOf(MemoryType::kCuda, 2);

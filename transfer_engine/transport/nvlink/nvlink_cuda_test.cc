@@ -21,19 +21,15 @@
 
 #include "transfer_engine/api/engine.h"
 #include "transfer_engine/platform/cuda/cuda_platform.h"
+#include "transfer_engine/platform/testing/proc_maps.h"
+#include "transfer_engine/platform/testing/runfile.h"
 #include "transfer_engine/transport/device_ipc/testing/engine_pair.h"
 #include "transfer_engine/transport/nvlink/nvlink_transport.h"
 
 namespace mooncake::te::nvlink {
 namespace {
 
-std::string FakeDriver() {
-  const std::string rel = "transfer_engine/platform/cuda/testing/libfake_cuda_driver.so";
-  char resolved[PATH_MAX];
-  if (realpath(rel.c_str(), resolved) != nullptr) return resolved;
-  const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/mooncake_monorepo/" + rel;
-}
+std::string FakeDriver() { return te::testing::FakeCudaDriver(); }
 
 // Before main: unless done already, a folder with libcuda.so.1 -> the fake driver, and this binary again (same
 // arguments) with LD_LIBRARY_PATH set to it. Exits 1 saying why where that cannot be done.
@@ -123,14 +119,8 @@ TEST_F(NvlinkOnCudaTest, GpusOfDifferentDomainsAreRefused) {
 // The permissions of the mappings of /dev/shm/fake-cuda-fabric-* files of `bytes` bytes (/proc/self/maps).
 std::vector<std::string> FabricMappings(size_t bytes) {
   std::vector<std::string> out;
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    unsigned long lo = 0, hi = 0;
-    char mode[8] = {};
-    if (line.find("/dev/shm/fake-cuda-fabric-") != std::string::npos &&
-        sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, mode) == 3 && hi - lo == bytes) {
-      out.push_back(mode);
-    }
+  for (const auto& m : te::testing::ProcSelfMaps()) {
+    if (m.path.find("/dev/shm/fake-cuda-fabric-") != std::string::npos && m.hi - m.lo == bytes) out.push_back(m.perms);
   }
   return out;
 }

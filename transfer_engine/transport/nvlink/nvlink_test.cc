@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "transfer_engine/api/engine.h"
+#include "transfer_engine/platform/testing/proc_maps.h"
 #include "transfer_engine/transport/device_ipc/handle_hex.h"
 #include "transfer_engine/transport/device_ipc/testing/engine_pair.h"
 
@@ -124,14 +125,8 @@ TEST_F(NvlinkEngineTest, ManagedBuffersAreFabricMemory) {
 // The mappings of /dev/shm/<prefix>* files of `bytes` bytes, as (address, permissions) from /proc/self/maps.
 std::vector<std::pair<uintptr_t, std::string>> ShmMappings(const std::string& prefix, size_t bytes) {
   std::vector<std::pair<uintptr_t, std::string>> out;
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    unsigned long lo = 0, hi = 0;
-    char mode[8] = {};
-    if (line.find("/dev/shm/" + prefix) != std::string::npos &&
-        sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, mode) == 3 && hi - lo == bytes) {
-      out.emplace_back(lo, mode);
-    }
+  for (const auto& m : te::testing::ProcSelfMaps()) {
+    if (m.path.find("/dev/shm/" + prefix) != std::string::npos && m.hi - m.lo == bytes) out.emplace_back(m.lo, m.perms);
   }
   return out;
 }
