@@ -1,12 +1,11 @@
 // GpuPlatform on a fake Runtime: host memory stands in for device memory (memfd mappings, so IPC handles work
 // between two processes: this binary re-executes itself as the importing child).
 #include "transfer_engine/platform/gpu/gpu_platform.h"
+#include "transfer_engine/platform/testing/run_self.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,8 +14,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-extern char** environ;
 
 namespace mooncake::te::gpu {
 namespace {
@@ -225,34 +222,9 @@ const bool kIsChild = [] {
 }();
 
 std::pair<int, std::string> RunChild(const std::string& handle, int pid, size_t length) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-  env.push_back("MC_TEST_HANDLE=" + handle);
-  env.push_back("MC_TEST_PID=" + std::to_string(pid));
-  env.push_back("MC_TEST_LENGTH=" + std::to_string(length));
-  std::vector<char*> envp;
-  for (auto& s : env) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  int fds[2];
-  EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  char self[] = "/proc/self/exe";
-  char* argv[] = {self, nullptr};
-  pid_t child = -1;
-  int rc = posix_spawn(&child, self, &actions, nullptr, argv, envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  std::string out;
-  char buf[256];
-  ssize_t n;
-  while (rc == 0 && (n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  if (rc == 0) waitpid(child, &status, 0);
-  return {rc == 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  testing::ChildResult r = testing::RunSelf({"MC_TEST_HANDLE=" + handle, "MC_TEST_PID=" + std::to_string(pid),
+                                             "MC_TEST_LENGTH=" + std::to_string(length)});
+  return {r.exit_code, r.out};
 }
 
 // --- tests ----------------------------------------------------------------------------------------------------
