@@ -1,9 +1,8 @@
 #include "transfer_engine/transport/nvlink/nvml_domain.h"
 
-#include <dlfcn.h>
-
 #include <cstdio>
-#include <type_traits>
+
+#include "transfer_engine/platform/gpu/dl_library.h"
 
 namespace mooncake::te::nvlink {
 namespace {
@@ -48,33 +47,19 @@ std::vector<std::string> DefaultNvmlSonames() { return {"libnvidia-ml.so.1", "li
 
 StatusOr<std::string> NvlinkDomainFromNvml(const std::vector<std::string>& sonames, const std::string& pci_bus_id) {
   if (sonames.empty()) return Status(ErrorCode::kDeviceNotFound, "no NVML library to try");
-  void* lib = nullptr;
-  std::string first_error, loaded;
-  for (const auto& name : sonames) {
-    lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib != nullptr) {
-      loaded = name;
-      break;
-    }
-    const char* err = dlerror();
-    if (first_error.empty()) first_error = err != nullptr ? err : name + ": cannot be loaded";
-  }
-  if (lib == nullptr) return Status(ErrorCode::kDeviceNotFound, "no NVML: " + first_error);
-  // Kept loaded: NVML may hold threads of its own; loading twice returns the same handle.
+  // Kept loaded (DlLibrary never closes): NVML may hold threads of its own; loading twice returns the same handle.
+  auto lib = gpu::DlLibrary::Open(sonames, "libnvidia-ml.so.*");
+  if (!lib.ok()) return Status(ErrorCode::kDeviceNotFound, "no NVML: " + lib.status().message());
   Nvml n;
   std::string missing;
-  auto resolve = [&](auto& slot, const char* symbol) {
-    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(dlsym(lib, symbol));
-    if (slot == nullptr && missing.empty()) missing = symbol;
-  };
-  resolve(n.init, "nvmlInit_v2");
-  resolve(n.shutdown, "nvmlShutdown");
-  resolve(n.error_string, "nvmlErrorString");
-  resolve(n.by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");
-  resolve(n.fabric_info, "nvmlDeviceGetGpuFabricInfo");
+  lib->Require(&n.init, {"nvmlInit_v2"}, &missing);
+  lib->Require(&n.shutdown, {"nvmlShutdown"}, &missing);
+  lib->Require(&n.error_string, {"nvmlErrorString"}, &missing);
+  lib->Require(&n.by_pci_bus_id, {"nvmlDeviceGetHandleByPciBusId_v2"}, &missing);
+  lib->Require(&n.fabric_info, {"nvmlDeviceGetGpuFabricInfo"}, &missing);
   if (!missing.empty()) {
     return Status(ErrorCode::kDeviceNotFound,
-                  loaded + " has no " + missing + " (an NVML without GPU fabric information)");
+                  lib->soname() + " has no " + missing + " (an NVML without GPU fabric information)");
   }
   if (NvmlReturn r = n.init(); r != kNvmlSuccess) {
     return Status(ErrorCode::kContext, "nvmlInit_v2 failed: " + n.Error(r));
