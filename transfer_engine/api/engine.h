@@ -64,9 +64,12 @@ class TransferEngine {
   std::vector<BufferInfo> LocalBuffers() const;
   /// Whether [addr, addr+length) lies inside one local registration.
   bool IsRegistered(const void* addr, size_t length) const;
-  /// Memory from engine-owned, registered, shareable (memfd) slabs; power-of-two size classes 8 KiB-256 MiB,
-  /// larger requests get their own registration.
-  StatusOr<void*> AllocateManaged(size_t length);
+  /// Registered memory for transfers. Where the preferred transport allocates its own (device transports:
+  /// device memory with the handle type its protocol needs; cxl: the shared device), from it, on `device`
+  /// (-1: the transport's default device; >= 0: that device). Else from engine-owned shareable (memfd) host slabs
+  /// (power-of-two size classes 8 KiB-256 MiB, larger requests get their own registration); a device >= 0 is then
+  /// refused (kInvalidArgument), as host memory is on no device.
+  StatusOr<void*> AllocateManaged(size_t length, int device = -1);
   Status FreeManaged(void* addr, size_t length);
 
   // --- segments ---

@@ -61,9 +61,9 @@ std::string CompatEngine::SegmentName() const { return engine_ ? engine_->segmen
     }                                                                               \
   } while (0)
 
-uintptr_t CompatEngine::AllocateManagedBuffer(size_t length) {
+uintptr_t CompatEngine::AllocateManagedBuffer(size_t length, int device) {
   MC_REQUIRE_INIT(0);
-  auto p = engine_->AllocateManaged(length);
+  auto p = engine_->AllocateManaged(length, device);
   if (!p.ok()) {
     Fail("allocate_managed_buffer", p.status());
     return 0;

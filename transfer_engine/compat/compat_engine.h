@@ -33,7 +33,7 @@ class CompatEngine {
   int GetRpcPort() const;
   std::string SegmentName() const;
 
-  uintptr_t AllocateManagedBuffer(size_t length);
+  uintptr_t AllocateManagedBuffer(size_t length, int device = -1);
   int FreeManagedBuffer(uintptr_t addr, size_t length);
 
   int RegisterMemory(uintptr_t addr, size_t length, const std::string& location);

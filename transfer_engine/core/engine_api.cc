@@ -125,10 +125,14 @@ std::vector<BufferInfo> TransferEngine::LocalBuffers() const {
   return out;
 }
 
-StatusOr<void*> TransferEngine::AllocateManaged(size_t length) {
+StatusOr<void*> TransferEngine::AllocateManaged(size_t length, int device) {
+  if (device < -1) {
+    return InvalidArgument("allocate_managed_buffer: device " + std::to_string(device) + ": expected -1 or >= 0");
+  }
   // The preferred transport may want its own memory (cxl: a range of the shared device); else the engine's.
-  if (Transport* t = length > 0 ? impl_->transports_.preferred() : nullptr) {
-    auto own = t->AllocateManaged(length);
+  Transport* t = length > 0 ? impl_->transports_.preferred() : nullptr;
+  if (t != nullptr) {
+    auto own = t->AllocateManaged(length, device);
     if (own.ok()) {
       Status st = RegisterMemory(*own, length);
       if (!st.ok()) {
@@ -141,6 +145,12 @@ StatusOr<void*> TransferEngine::AllocateManaged(size_t length) {
       return own;
     }
     if (own.status().code() != ErrorCode::kNotImplemented) return own.status();
+  }
+  if (device >= 0) {
+    return InvalidArgument("allocate_managed_buffer: device " + std::to_string(device) + " asked, but the " +
+                           (t != nullptr ? "preferred transport '" + t->name() + "'" : std::string("engine")) +
+                           " allocates host memory; pass no device, or initialize with a device transport "
+                           "(e.g. nvlink_intra, hip) for device memory");
   }
   auto p = impl_->managed_->Allocate(length);
   if (!p.ok()) return p;

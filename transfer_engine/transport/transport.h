@@ -162,8 +162,10 @@ class Transport {
 
   // --- managed memory (allocate_managed_buffer), asked of the preferred transport only ---
   /// Memory this transport wants transfers to target (cxl: a range carved from the shared device), not yet
-  /// registered: the engine registers it. kNotImplemented (the default): the engine's own allocator serves.
-  virtual StatusOr<void*> AllocateManaged(size_t /*length*/) {
+  /// registered: the engine registers it. `device`: -1 the transport's default; >= 0 that device of its platform
+  /// (a transport whose memory is not on a device refuses it: kInvalidArgument). kNotImplemented (the default):
+  /// the engine's own (host) allocator serves.
+  virtual StatusOr<void*> AllocateManaged(size_t /*length*/, int /*device*/) {
     return Status(ErrorCode::kNotImplemented, "no transport allocator");
   }
   /// Frees what AllocateManaged returned, after the engine unregistered it.

@@ -157,7 +157,10 @@ void RegisterEngine(nb::module_& m) {
       .def("get_rpc_port", &CompatEngine::GetRpcPort)
       .def("get_local_segment_name", &CompatEngine::SegmentName,
            "This engine's segment name (in P2PHANDSHAKE mode 'host:rpc_port').")
-      .def("allocate_managed_buffer", &CompatEngine::AllocateManagedBuffer, "length"_a, release)
+      .def("allocate_managed_buffer", &CompatEngine::AllocateManagedBuffer, "length"_a, "device"_a = -1, release,
+           "Registered memory for transfers; 0 on failure. device: -1 the protocol's default (host memory for tcp/"
+           "rdma/shm; for device transports such as nvlink_intra the configured device), >= 0 that device (device "
+           "transports only).")
       .def("free_managed_buffer", &CompatEngine::FreeManagedBuffer, "buffer_addr"_a, "length"_a, release)
       .def("register_memory", [](CompatEngine& e, nb::handle buffer, size_t capacity, const std::string& location) {
              uintptr_t addr = AddressOf(buffer, capacity, false, "buffer_addr");

@@ -276,7 +276,11 @@ void CxlTransport::ForgetPeer(const std::string& segment_name) {
   }
 }
 
-StatusOr<void*> CxlTransport::AllocateManaged(size_t length) {
+StatusOr<void*> CxlTransport::AllocateManaged(size_t length, int device) {
+  if (device >= 0) {
+    return InvalidArgument("allocate_managed_buffer: device " + std::to_string(device) +
+                           " asked of the cxl transport, whose memory is the shared CXL device (pass no device)");
+  }
   if (!device_) return Status(ErrorCode::kNotImplemented, "the CXL transport is not started");
   auto a = device_->Allocate(length, ctx_.local_segment_name);
   if (!a.ok()) return a.status();

@@ -60,7 +60,7 @@ class CxlTransport : public Transport {
   /// A range carved from the device (CxlDevice::Allocate, tagged with this engine's segment name): what
   /// allocate_managed_buffer returns when cxl is the preferred protocol, so a store client's segment lies on
   /// the device. Freed by FreeManaged, or when the transport stops.
-  StatusOr<void*> AllocateManaged(size_t length) override;
+  StatusOr<void*> AllocateManaged(size_t length, int device) override;
   Status FreeManaged(void* addr, size_t length) override;
   size_t slice_size() const override { return config_.slice_size; }
   nlohmann::json Stats() const override;

@@ -233,3 +233,23 @@ def test_nvlink_moves_device_bytes_between_two_network_namespace_hosts():
         finally:
             initiator.close()
             target.close()
+
+
+def test_managed_buffers_take_a_device(pair):
+    """allocate_managed_buffer(length, device): device memory of that device where the transport allocates
+    (ALLOC managed), refused (0) where managed buffers are host memory; wrong types raise TypeError."""
+    from mooncake._native import platform
+
+    engine, _, _, _ = pair
+    with pytest.raises(TypeError):
+        engine.allocate_managed_buffer(4096, "1")
+    with pytest.raises(TypeError):
+        engine.allocate_managed_buffer("4096")
+    if ALLOC != "managed":
+        assert engine.allocate_managed_buffer(1 << 20, 0) == 0  # tcp's managed buffers are host memory
+        return
+    on1 = engine.allocate_managed_buffer(1 << 20, device=1)
+    assert on1, "no managed buffer on device 1"
+    assert platform.classify(on1).endswith(":1"), platform.classify(on1)
+    assert engine.allocate_managed_buffer(1 << 20, 7) == 0  # the emulation has 2 devices
+    assert engine.free_managed_buffer(on1, 1 << 20) == 0

@@ -82,7 +82,7 @@ class DeviceIpcTransport : public Transport {
   void Submit(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void SubmitAndDrive(const SegmentDescriptor& peer, const std::vector<Slice*>& slices) override;
   void ForgetPeer(const std::string& segment_name) override;
-  StatusOr<void*> AllocateManaged(size_t length) override;
+  StatusOr<void*> AllocateManaged(size_t length, int device) override;
   Status FreeManaged(void* addr, size_t length) override;
   size_t slice_size() const override { return config_.slice_size; }
   /// Per peer segment: bytes, slices, errors, buffers "mapped" now, "imports" made (a mapping made once) and
@@ -104,7 +104,7 @@ class DeviceIpcTransport : public Transport {
   virtual void DescribeEpochs(nlohmann::json& descriptor) const;
   /// Whether `peer` (which names our platform) can be reached. Default: same host_id.
   virtual bool PeerInReach(const SegmentDescriptor& peer) const;
-  /// The device AllocateManaged allocates on. Default: 0.
+  /// The device AllocateManaged allocates on when the caller names none (device -1). Default: 0.
   virtual int ManagedDevice() const { return 0; }
 
   const DeviceIpcSpec& spec() const { return spec_; }

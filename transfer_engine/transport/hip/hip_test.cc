@@ -72,7 +72,7 @@ TEST(HipTransportTest, WithoutARocmPlatformItIsInert) {
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->declined);
   EXPECT_NE(r->why_declined.find("no usable ROCm platform"), std::string::npos) << r->why_declined;
-  EXPECT_EQ(t.AllocateManaged(4096).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(t.AllocateManaged(4096, -1).status().code(), ErrorCode::kDeviceNotFound);
 }
 
 class HipEngineTest : public device_ipc::testing::EnginePairTest {

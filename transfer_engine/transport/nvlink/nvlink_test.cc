@@ -99,7 +99,7 @@ TEST(NvlinkTransportTest, WithoutADomainOrAPlatformItIsInert) {
     nlohmann::json desc = nlohmann::json::object();
     s.t.Describe(desc);
     EXPECT_FALSE(desc.contains(kDomainField));
-    EXPECT_EQ(s.t.AllocateManaged(4096).status().code(), ErrorCode::kDeviceNotFound);
+    EXPECT_EQ(s.t.AllocateManaged(4096, -1).status().code(), ErrorCode::kDeviceNotFound);
     EXPECT_TRUE(cuda->Free(*fab, 4096, AllocationKind::kFabric).ok());
   }
 }
@@ -160,7 +160,7 @@ TEST(NvlinkManagedTest, ManagedBuffersAndTheEpochTableAreOnTheDeviceAsked) {
     ASSERT_TRUE(t.Configure(TransportOptions("nvlink", {{"nvlink.domain", "d"},
                                                         {"nvlink.device", std::to_string(device)}})).ok());
     ASSERT_TRUE(t.Start(local.ctx).ok());
-    auto p = t.AllocateManaged(1 << 20);
+    auto p = t.AllocateManaged(1 << 20, -1);
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     EXPECT_EQ(cuda->Classify(*p)->ToString(), "cuda:" + std::to_string(device));
     nlohmann::json desc = nlohmann::json::object();

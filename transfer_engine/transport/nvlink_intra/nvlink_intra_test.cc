@@ -158,7 +158,7 @@ TEST(NvlinkIntraTransportTest, WithoutACudaPlatformItIsInert) {
   nlohmann::json desc = nlohmann::json::object();
   t.Describe(desc);
   EXPECT_FALSE(desc.contains("nvlink_intra_platform"));
-  EXPECT_EQ(t.AllocateManaged(4096).status().code(), ErrorCode::kDeviceNotFound);
+  EXPECT_EQ(t.AllocateManaged(4096, -1).status().code(), ErrorCode::kDeviceNotFound);
 }
 
 // Two engines of this process, both with nvlink_intra (and their default transports).
@@ -315,6 +315,44 @@ TEST(NvlinkIntraManagedTest, ManagedBuffersAreShareableDeviceMemory) {
   auto handle = Cuda()->ExportIpc(*p, 1 << 20);  // shareable: it exports
   EXPECT_TRUE(handle.ok()) << handle.status().ToString();
   EXPECT_TRUE((*e)->FreeManaged(*p, 1 << 20).ok());
+}
+
+TEST(NvlinkIntraManagedTest, ManagedBuffersGoOnTheDeviceAskedFor) {
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1";
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.protocol = "nvlink_intra";
+  auto e = TransferEngine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto on1 = (*e)->AllocateManaged(1 << 20, 1);
+  ASSERT_TRUE(on1.ok()) << on1.status().ToString();
+  EXPECT_EQ(PlatformRegistry::Get().Classify(*on1).ToString(), "cuda:1");
+  EXPECT_TRUE((*e)->IsRegistered(*on1, 1 << 20));
+  auto deflt = (*e)->AllocateManaged(1 << 20, -1);  // no device named: the transport's default (0)
+  ASSERT_TRUE(deflt.ok()) << deflt.status().ToString();
+  EXPECT_EQ(PlatformRegistry::Get().Classify(*deflt).ToString(), "cuda:0");
+  auto missing = (*e)->AllocateManaged(1 << 20, 7);  // the emulation has 2 devices
+  EXPECT_EQ(missing.status().code(), ErrorCode::kDeviceNotFound) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("no device 7"), std::string::npos) << missing.status().ToString();
+  EXPECT_EQ((*e)->AllocateManaged(1 << 20, -2).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE((*e)->FreeManaged(*on1, 1 << 20).ok());
+  EXPECT_TRUE((*e)->FreeManaged(*deflt, 1 << 20).ok());
+}
+
+TEST(NvlinkIntraManagedTest, HostAllocatorsRefuseADevice) {
+  EngineOptions o;
+  o.local_server_name = "127.0.0.1";
+  o.metadata_conn = "P2PHANDSHAKE";
+  o.protocol = "tcp";  // managed buffers are host memory: a device cannot be honoured
+  auto e = TransferEngine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto p = (*e)->AllocateManaged(1 << 20, 0);
+  EXPECT_EQ(p.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("allocates host memory"), std::string::npos) << p.status().ToString();
+  auto host = (*e)->AllocateManaged(1 << 20, -1);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  EXPECT_FALSE(PlatformRegistry::Get().Classify(*host).ToString().rfind("cuda", 0) == 0);
+  EXPECT_TRUE((*e)->FreeManaged(*host, 1 << 20).ok());
 }
 
 // The registry's CUDA platform (the emulation) under its own name, watched: the stream of each copy.
