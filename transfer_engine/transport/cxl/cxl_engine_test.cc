@@ -52,6 +52,8 @@ TEST_F(CxlEngineTest, ManagedBuffersAreDisjointRangesOfTheDevice) {
   auto pa = a->AllocateManaged(3 * kMiB);
   auto pb = b->AllocateManaged(kMiB);
   ASSERT_TRUE(pa.ok() && pb.ok()) << pa.status().ToString() << pb.status().ToString();
+  auto on_device = a->AllocateManaged(kMiB, 0);  // the shared device's memory is on no accelerator
+  EXPECT_EQ(on_device.status().code(), ErrorCode::kInvalidArgument) << on_device.status().ToString();
   auto dev = CxlDevice::Open(path_, kSize);
   ASSERT_TRUE(dev.ok());
   auto all = (*dev)->Allocations();
