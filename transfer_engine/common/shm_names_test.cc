@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -20,7 +21,7 @@ class ShmNamesTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { system(("rm -rf " + dir_).c_str()); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
   void Touch(const std::string& name) {
     int fd = open((dir_ + "/" + name).c_str(), O_CREAT | O_WRONLY, 0600);
     ASSERT_GE(fd, 0);

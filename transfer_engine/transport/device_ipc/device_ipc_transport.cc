@@ -318,7 +318,6 @@ bool DeviceIpcTransport::DirectRangeIsOurs(uint64_t addr, uint64_t length) const
 
 StatusOr<void*> DeviceIpcTransport::AllocateManaged(size_t length, int device) {
   if (!platform_) return Status(ErrorCode::kDeviceNotFound, Prefixed(inert_why_));
-  if (device < -1) return InvalidArgument(Prefixed("device " + std::to_string(device) + ": expected -1 or >= 0"));
   auto p = platform_->Allocate(length, spec_.managed_kind, device < 0 ? ManagedDevice() : device);
   if (!p.ok()) return p.status();
   std::lock_guard lock(mu_);

@@ -303,10 +303,8 @@ TEST_F(NvlinkIntraEngineTest, HostMemoryGoesAnotherWay) {
 }
 
 TEST(NvlinkIntraManagedTest, ManagedBuffersAreShareableDeviceMemory) {
-  EngineOptions o;
-  o.local_server_name = "127.0.0.1";
-  o.metadata_conn = "P2PHANDSHAKE";
-  o.protocol = "nvlink_intra";  // the preferred transport serves allocate_managed_buffer
+  // The preferred transport serves allocate_managed_buffer.
+  EngineOptions o = device_ipc::testing::LocalEngineOptions("nvlink_intra");
   auto e = TransferEngine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto p = (*e)->AllocateManaged(1 << 20);
@@ -318,10 +316,7 @@ TEST(NvlinkIntraManagedTest, ManagedBuffersAreShareableDeviceMemory) {
 }
 
 TEST(NvlinkIntraManagedTest, ManagedBuffersGoOnTheDeviceAskedFor) {
-  EngineOptions o;
-  o.local_server_name = "127.0.0.1";
-  o.metadata_conn = "P2PHANDSHAKE";
-  o.protocol = "nvlink_intra";
+  EngineOptions o = device_ipc::testing::LocalEngineOptions("nvlink_intra");
   auto e = TransferEngine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto on1 = (*e)->AllocateManaged(1 << 20, 1);
@@ -340,10 +335,8 @@ TEST(NvlinkIntraManagedTest, ManagedBuffersGoOnTheDeviceAskedFor) {
 }
 
 TEST(NvlinkIntraManagedTest, HostAllocatorsRefuseADevice) {
-  EngineOptions o;
-  o.local_server_name = "127.0.0.1";
-  o.metadata_conn = "P2PHANDSHAKE";
-  o.protocol = "tcp";  // managed buffers are host memory: a device cannot be honoured
+  // Managed buffers are host memory: a device cannot be honoured.
+  EngineOptions o = device_ipc::testing::LocalEngineOptions("tcp");
   auto e = TransferEngine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto p = (*e)->AllocateManaged(1 << 20, 0);
@@ -397,10 +390,7 @@ TEST(NvlinkIntraStreamsTest, SlicesInFlightRunOnDifferentStreams) {
   setenv("MC_NVLINK_INTRA_SLICE_SIZE", "1048576", 1);
   setenv("MC_NVLINK_INTRA_STREAMS", "3", 1);
   {
-    EngineOptions o;
-    o.local_server_name = "127.0.0.1";
-    o.metadata_conn = "P2PHANDSHAKE";
-    o.protocol = "tcp";
+    EngineOptions o = device_ipc::testing::LocalEngineOptions("tcp");
     auto a = TransferEngine::Create(o);
     auto b = TransferEngine::Create(o);
     ASSERT_TRUE(a.ok() && b.ok());
